@@ -1,0 +1,35 @@
+"""Turn a config into the list of callbacks that share one session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .callbacks import ProfilerCallback, StepTimingCallback, SystemMetricsCallback, ThroughputCallback
+from .config import ProfilerConfig
+from .session import ProfilerSession
+
+
+def build_callbacks(
+    config: ProfilerConfig | None = None,
+    *,
+    length_fn: Callable[[Any], int] | None = None,
+    batch_size_fn: Callable[[Any], int] | None = None,
+) -> list[ProfilerCallback]:
+    """The enabled callbacks for `config` (defaults if None), sharing one run folder, MLflow run and report.
+
+    `length_fn`/`batch_size_fn` count items and samples in a batch (see ThroughputCallback).
+    """
+    config = config or ProfilerConfig()
+    session = ProfilerSession(config)
+    callbacks: list[ProfilerCallback] = []
+    if config.throughput.enabled:
+        callbacks.append(ThroughputCallback(session=session, length_fn=length_fn, batch_size_fn=batch_size_fn))
+    if config.timing.enabled:
+        callbacks.append(StepTimingCallback(session=session))
+    if config.system.enabled:
+        callbacks.append(SystemMetricsCallback(session=session))
+    if not callbacks:
+        # Nothing measured still leaves a run folder, config copy and environment: a callback-less base.
+        callbacks.append(ProfilerCallback(session=session))
+    return callbacks

@@ -1,0 +1,92 @@
+"""The shared lifecycle of every anemoi-profiler callback: join a session in `setup`, leave it at the end.
+
+Subclasses implement `on_session_start` and `summarize`. Everything they do is guarded: an error inside a
+profiler hook is logged once and that callback stops measuring, but training goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..config import ProfilerConfig
+from ..report import ReportSection
+from ..session import ProfilerSession
+
+try:  # both namespaces call hooks by name, so one base class serves both trainers
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - only pytorch_lightning installed
+    from pytorch_lightning.callbacks import Callback
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guarded(hook: F) -> F:
+    """Run a hook so that its failure disables this callback instead of killing the training."""
+
+    @functools.wraps(hook)
+    def wrapper(self: ProfilerCallback, *args: Any, **kwargs: Any) -> Any:
+        if self.disabled:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as error:
+            self.disabled = True
+            log.warning(
+                "anemoi-profiler: %s stopped measuring after an error in %s: %s: %s (training continues)",
+                type(self).__name__,
+                hook.__name__,
+                type(error).__name__,
+                error,
+            )
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ProfilerCallback(Callback):
+    """Base of all anemoi-profiler callbacks. Pass a shared `session` (see `build_callbacks`) or a `config`."""
+
+    def __init__(self, config: ProfilerConfig | None = None, session: ProfilerSession | None = None) -> None:
+        self.session = session or ProfilerSession(config)
+        self.config = self.session.config
+        self.disabled = False
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.disabled = False
+        self.session.attach(trainer, self)
+        self._start(trainer, pl_module)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._end(trainer, "FINISHED")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._end(trainer, "KILLED" if isinstance(exception, KeyboardInterrupt) else "FAILED")
+
+    @guarded
+    def _start(self, trainer: Any, pl_module: Any) -> None:
+        self.on_session_start(trainer, pl_module)
+
+    def _end(self, trainer: Any, status: str) -> None:
+        try:
+            if not self.disabled:
+                section, summary = self.summarize(trainer)
+                self.session.add_section(section, summary)
+        except Exception as error:
+            log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
+        finally:
+            self.stop_background_work()
+            self.session.release(trainer, self, status)
+
+    def on_session_start(self, trainer: Any, pl_module: Any) -> None:
+        """Prepare measuring once the run folder and sink exist."""
+
+    def stop_background_work(self) -> None:
+        """Stop threads or recordings this callback started; called at the end even after an error."""
+
+    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+        """The report section and `summary/...` metrics of this callback at the end of the run."""
+        return None, {}

@@ -1,0 +1,127 @@
+"""Time a training stage per log interval without synchronizing the device every step.
+
+On CUDA each interval boundary records one event on the current stream (no host wait). An interval's
+duration is read only when the next boundary is reached, from events the GPU passed an interval ago, so
+reading them does not stall the queue. On CPU, boundaries are `perf_counter` readings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+Marker = Union[float, "torch.cuda.Event"]
+
+
+def _elapsed_s(start: Marker, end: Marker) -> float:
+    if isinstance(start, float) and isinstance(end, float):
+        return end - start
+    end.synchronize()  # recorded an interval ago: the GPU is already past it
+    return start.elapsed_time(end) / 1000.0
+
+
+@dataclass
+class Lap:
+    """One log interval of a stage: its counts, the global step at its end, and its time segments."""
+
+    step: int
+    batches: int
+    samples: int
+    items: int
+    wait_s: float
+    segments: list[tuple[Marker, Marker]]
+    extras: dict[str, float] = field(default_factory=dict)
+
+    def elapsed_s(self) -> float:
+        return sum(_elapsed_s(start, end) for start, end in self.segments)
+
+
+class StageMeter:
+    """Counts and times one stage (train or val); paused while another stage runs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._open: Marker | None = None
+        self._segments: list[tuple[Marker, Marker]] = []
+        self.batches = 0
+        self._samples = 0
+        self._items = 0
+        self._wait_s = 0.0
+        self._pending: list[Lap] = []
+
+    @property
+    def running(self) -> bool:
+        return self._open is not None
+
+    def _mark(self) -> Marker:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        if self._open is None:
+            self._open = self._mark()
+
+    def stop(self) -> None:
+        if self._open is not None:
+            self._segments.append((self._open, self._mark()))
+            self._open = None
+
+    def count(self, samples: int, items: int, wait_s: float) -> None:
+        self.batches += 1
+        self._samples += samples
+        self._items += items
+        self._wait_s += wait_s
+
+    def lap(self, step: int, extras: dict[str, float] | None = None) -> None:
+        """Close the current interval (if it counted any batch) and keep the clock running."""
+        if self._open is not None:
+            marker = self._mark()
+            self._segments.append((self._open, marker))
+            self._open = marker
+        if self.batches:
+            self._pending.append(
+                Lap(step, self.batches, self._samples, self._items, self._wait_s, self._segments, extras or {})
+            )
+        self._segments = []
+        self.batches = self._samples = self._items = 0
+        self._wait_s = 0.0
+
+    def take(self, keep_newest: bool) -> list[Lap]:
+        """Laps ready to be read; on CUDA the newest is kept back until the next boundary."""
+        keep = 1 if (keep_newest and self._cuda) else 0
+        ready, self._pending = (
+            self._pending[: len(self._pending) - keep],
+            self._pending[len(self._pending) - keep :],
+        )
+        return ready
+
+
+def resolve(laps: list[Lap]) -> list[tuple[Lap, float]]:
+    """Pair each lap with its elapsed seconds, dropping laps that took no measurable time."""
+    timed = [(lap, lap.elapsed_s()) for lap in laps]
+    return [(lap, seconds) for lap, seconds in timed if seconds > 0]
+
+
+def batch_size_of(batch: Any) -> int | None:
+    """Samples in a batch: dim 0 of the first tensor found in tensors, mappings, sequences or dataclasses."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        values = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    elif hasattr(batch, "__dataclass_fields__"):
+        values = (getattr(batch, name) for name in batch.__dataclass_fields__)
+    else:
+        return None
+    for value in values:
+        size = batch_size_of(value)
+        if size is not None:
+            return size
+    return None

@@ -1,0 +1,128 @@
+"""Drive one StageMeter for training and one for validation from Lightning's batch hooks.
+
+What a subclass gets: per log interval, `Lap`s with batches, samples, items, dataloader wait and elapsed
+time, steady-state only (after `throughput.warmup_steps` training batches, never the sanity check), with
+validation time excluded from training intervals. The hot path per batch is two `perf_counter` calls,
+a few integer additions and a batch-size lookup; I/O, logging and any cross-rank exchange happen only at
+log intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import trainer_info
+from .base import ProfilerCallback, guarded
+from .intervals import Lap, StageMeter, resolve
+
+STAGES = ("train", "val")
+
+
+class StageCallback(ProfilerCallback):
+    def on_session_start(self, trainer: Any, pl_module: Any) -> None:
+        device = trainer_info.root_device(trainer)
+        self.meters = {stage: StageMeter(device) for stage in STAGES}
+        self.totals = {
+            stage: {"batches": 0, "samples": 0, "items": 0, "wait_s": 0.0, "elapsed_s": 0.0} for stage in STAGES
+        }
+        self.train_batches_seen = 0
+        self._last_batch_end: float | None = None
+        self._batch_start = 0.0
+
+    # ---- what subclasses provide ----
+    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
+        """(samples, items) in a batch; the base only counts batches."""
+        return 0, 0
+
+    def lap_extras(self, stage: str) -> dict[str, float]:
+        """Host-side readings taken at the end of each interval (e.g. peak memory)."""
+        return {}
+
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]]) -> None:
+        """Turn measured intervals into metrics."""
+
+    # ---- training ----
+    @guarded
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.config.throughput.warmup_steps == 0:
+            self.meters["train"].start()
+
+    @guarded
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+
+    @guarded
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.train_batches_seen += 1
+        meter = self.meters["train"]
+        if meter.running:
+            samples, items = self.count_batch("train", batch)
+            meter.count(samples, items, self._wait_before_batch())
+            if meter.batches >= self.config.log_every_n_steps:
+                self._lap(trainer, "train")
+        elif self.train_batches_seen == self.config.throughput.warmup_steps:
+            meter.start()
+        self._last_batch_end = time.perf_counter()
+
+    @guarded
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._lap(trainer, "train", final=True)
+        self.meters["train"].stop()
+
+    # ---- validation (never the sanity check) ----
+    @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self.meters["train"].stop()
+        self._last_batch_end = None
+
+    @guarded
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_start = time.perf_counter()
+        if not trainer.sanity_checking:
+            self.meters["val"].start()
+
+    @guarded
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        meter = self.meters["val"]
+        samples, items = self.count_batch("val", batch)
+        meter.count(samples, items, self._wait_before_batch())
+        if meter.batches >= self.config.log_every_n_steps:
+            self._lap(trainer, "val")
+        self._last_batch_end = time.perf_counter()
+
+    @guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self._lap(trainer, "val", final=True)
+        self.meters["val"].stop()
+        if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
+            self.meters["train"].start()
+        self._last_batch_end = None
+
+    # ---- helpers ----
+    def _wait_before_batch(self) -> float:
+        """Host time between the previous batch's end and this batch's start: mostly waiting for data."""
+        return self._batch_start - self._last_batch_end if self._last_batch_end is not None else 0.0
+
+    def _lap(self, trainer: Any, stage: str, final: bool = False) -> None:
+        meter = self.meters[stage]
+        meter.lap(trainer_info.global_step(trainer), self.lap_extras(stage))
+        laps = resolve(meter.take(keep_newest=not final))
+        for lap, seconds in laps:
+            totals = self.totals[stage]
+            totals["batches"] += lap.batches
+            totals["samples"] += lap.samples
+            totals["items"] += lap.items
+            totals["wait_s"] += lap.wait_s
+            totals["elapsed_s"] += seconds
+        if laps:
+            self.on_laps(trainer, stage, laps)

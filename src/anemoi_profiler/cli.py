@@ -1,0 +1,116 @@
+"""The `anemoi-profiler` command: demo, config, sync (and more as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .config import PRESETS, ConfigError, ProfilerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as error:
+        print(f"anemoi-profiler: config error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="anemoi-profiler",
+        description="Profile PyTorch Lightning training: throughput, step time, memory and system metrics in "
+        "MLflow, traces for HTA.",
+        epilog="Docs: README.md and docs/. Each command has --help.",
+    )
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="train a small bundled model with the profiler and show the report",
+        description="Train a small transformer on synthetic data (CPU, or GPU when present) with the profiler "
+        "callbacks, then print the report, the run folder and the command that opens MLflow.",
+    )
+    _add_config_arguments(demo)
+    demo.add_argument("--max-steps", type=int, default=400, help="training steps (default: 400, about a minute on CPU)")
+    demo.add_argument("--slow-data", action="store_true", help="make the dataloader slow, to see a data-bound run")
+    demo.set_defaults(handler=_demo)
+
+    show = commands.add_parser(
+        "config",
+        help="validate a config and print it resolved",
+        description="Load, validate and print a config.",
+    )
+    _add_config_arguments(show)
+    show.set_defaults(handler=_show_config)
+
+    sync = commands.add_parser(
+        "sync",
+        help="send metrics and artifacts kept in a run folder's spool to MLflow",
+        description="Replay <run folder>/spool/ (what could not be sent while MLflow was away) into the run.",
+    )
+    sync.add_argument("run_folder", type=Path)
+    sync.add_argument("--tracking-uri", help="send to this MLflow instead of the one recorded in the spool")
+    sync.set_defaults(handler=_sync)
+    return parser
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file with profiler settings")
+    parser.add_argument("--preset", choices=PRESETS, help="start from a preset instead of the defaults")
+    parser.add_argument("--output-dir", help="where run folders (and the default MLflow store) go")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. system.interval_s=2")
+
+
+def _load_config(args: argparse.Namespace) -> ProfilerConfig:
+    if args.config and args.preset:
+        raise ConfigError("give either --config or --preset, not both")
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    return ProfilerConfig.load(args.config or args.preset, overrides)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    config = _load_config(args)
+    if args.max_steps < 1:
+        raise ConfigError(f"--max-steps: got {args.max_steps}, expected an integer >= 1")
+    run_demo(config, max_steps=args.max_steps, slow_data=args.slow_data)
+    return 0
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    print(_load_config(args).to_yaml(), end="")
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from .tracking import replay_spool
+
+    spools = sorted(p.parent for p in (args.run_folder / "spool").glob("*/run.json"))
+    if not spools:
+        print(f"anemoi-profiler: nothing to sync: no spool in {args.run_folder}", file=sys.stderr)
+        return 1
+    failed = 0
+    for spool in spools:
+        try:
+            sent, left = replay_spool(spool, args.tracking_uri)
+        except Exception as error:
+            print(f"anemoi-profiler: {spool}: MLflow did not accept the spool: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{spool}: sent {sent} batch(es), {left} left")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

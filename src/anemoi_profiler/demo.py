@@ -1,0 +1,101 @@
+"""A small bundled model and synthetic data, so `anemoi-profiler demo` shows the whole product in a minute."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import MLFlowLogger
+except ImportError:  # pragma: no cover
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers import MLFlowLogger
+
+from .build import build_callbacks
+from .config import ProfilerConfig
+from .tracking import resolve_tracking_uri
+
+
+class SyntheticSequences(Dataset):
+    """Random token sequences with a learnable target (sum of the first tokens), generated on the fly."""
+
+    def __init__(self, size: int, seq_len: int = 32, vocab: int = 256, delay_s: float = 0.0) -> None:
+        self.size, self.seq_len, self.vocab, self.delay_s = size, seq_len, vocab, delay_s
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        generator = torch.Generator().manual_seed(index)
+        tokens = torch.randint(0, self.vocab, (self.seq_len,), generator=generator)
+        return tokens, (tokens[:4].float().mean() / self.vocab).reshape(1)
+
+
+class DemoTransformer(pl.LightningModule):
+    """A two-layer transformer encoder regressing one value per sequence."""
+
+    def __init__(self, vocab: int = 256, width: int = 128, layers: int = 2, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=4 * width, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        tokens, target = batch
+        loss = nn.functional.mse_loss(self(tokens), target)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        tokens, target = batch
+        self.log("val/loss", nn.functional.mse_loss(self(tokens), target))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
+def tokens_in_batch(batch: Any) -> int:
+    """Items for items_per_sec: tokens per batch (a shape product, so no device sync)."""
+    return batch[0].numel()
+
+
+def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32, slow_data: bool = False) -> Any:
+    """Train the demo model with the profiler callbacks and an MLFlowLogger on the same tracking store."""
+    torch.manual_seed(0)
+    train = DataLoader(SyntheticSequences(max_steps * batch_size, delay_s=0.004 if slow_data else 0.0), batch_size)
+    val = DataLoader(SyntheticSequences(8 * batch_size), batch_size)
+    logger: Any = False
+    if config.tracking.enabled:
+        logger = MLFlowLogger(
+            experiment_name=config.tracking.experiment,
+            tracking_uri=resolve_tracking_uri(config.tracking.uri, None, config.output_dir),
+            run_name=config.tracking.run_name or "demo",
+        )
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=build_callbacks(config, length_fn=tokens_in_batch),
+        logger=logger,
+        accelerator="auto",
+        devices=1,
+        val_check_interval=min(100, max_steps),
+        limit_val_batches=8,
+        log_every_n_steps=config.log_every_n_steps,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=sys.stdout.isatty(),
+    )
+    trainer.fit(DemoTransformer(), train, val)
+    return trainer

@@ -1,0 +1,230 @@
+"""One profiled fit: its config, run folder, tracking sink and report, shared by the callbacks.
+
+Callbacks attach in `setup` and release in `teardown` or `on_exception`. The first attach creates the run
+folder and the sink; the last release writes the report and closes the sink. So every callback also works
+alone (it makes its own session), and `build_callbacks` shares one session between them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from . import trainer_info
+from .config import ProfilerConfig
+from .environment import collect_environment
+from .redaction import redact, redact_uri
+from .report import ReportSection, RunReport
+from .tracking import TrackingSink, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_ROOT = "profiler"
+_NOT_UPLOADED = ("spool",)
+
+
+def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
+    """`<output_dir>/<YYYYmmdd-HHMMSS>_<hash>/`; a second job in the same second gets a `-1` suffix."""
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}_{fingerprint}"
+    for attempt in range(1000):
+        path = output_dir / (base if attempt == 0 else f"{base}-{attempt}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new run folder below {output_dir}")
+
+
+class ProfilerSession:
+    def __init__(self, config: ProfilerConfig | None = None) -> None:
+        self.config = config or ProfilerConfig()
+        self.run_dir: Path | None = None
+        self.sink: TrackingSink | None = None
+        self.tracking_uri: str | None = None
+        self.global_rank = 0
+        self.local_rank = 0
+        self.world_size = 1
+        self._members: set[int] = set()
+        self._report: RunReport | None = None
+        self._summary_metrics: dict[str, float] = {}
+        self._started = 0.0
+        self._status = "FINISHED"
+
+    @property
+    def active(self) -> bool:
+        return bool(self._members)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    # ---- lifecycle ----
+    def attach(self, trainer: Any, member: object) -> None:
+        """Join the session; the first member starts it (run folder, config copy, environment, sink)."""
+        if not self._members:
+            self._start(trainer)
+        self._members.add(id(member))
+
+    def release(self, trainer: Any, member: object, status: str = "FINISHED") -> None:
+        """Leave the session; the last member to leave finishes it with the worst status seen."""
+        if id(member) not in self._members:
+            return
+        if status != "FINISHED":
+            self._status = status
+        self._members.discard(id(member))
+        if not self._members:
+            self._finish(trainer)
+
+    def _start(self, trainer: Any) -> None:
+        self.global_rank = trainer_info.global_rank(trainer)
+        self.local_rank = trainer_info.local_rank(trainer)
+        self.world_size = trainer_info.world_size(trainer)
+        self._started = time.time()
+        self._status = "FINISHED"
+        self._summary_metrics = {}
+        output_dir = Path(self.config.output_dir).resolve()
+        run_dir = create_run_folder(output_dir, self.config.fingerprint()) if self.is_global_zero else None
+        self.run_dir = Path(self._from_rank_zero(trainer, str(run_dir) if run_dir else None))
+        header = {"run folder": str(self.run_dir)}
+        if self.is_global_zero:
+            (self.run_dir / "config.yaml").write_text(_redacted_yaml(self.config))
+            environment = collect_environment(trainer)
+            (self.run_dir / "environment.json").write_text(json.dumps(environment, indent=2, default=str))
+            header.update(_header_from_environment(environment, trainer))
+        self._report = RunReport(header)
+        self._start_sink(trainer)
+
+    def _start_sink(self, trainer: Any) -> None:
+        tracking = self.config.tracking
+        logger = trainer_info.find_mlflow_logger(trainer)
+        logger_uri = trainer_info.logger_tracking_uri(logger) if logger is not None else None
+        if logger is not None and tracking.uri and tracking.uri != logger_uri:
+            log.warning(
+                "anemoi-profiler: tracking.uri=%s is ignored: the trainer's MLFlowLogger logs to %s and the "
+                "profiler writes into the logger's run",
+                redact_uri(tracking.uri),
+                redact_uri(logger_uri or ""),
+            )
+        self.tracking_uri = resolve_tracking_uri(None if logger else tracking.uri, logger_uri, self.config.output_dir)
+        if not tracking.enabled:
+            return
+        run_id = logger.run_id if logger is not None else None
+        prefix = trainer_info.logger_prefix(logger) if logger is not None else ""
+        if self.is_global_zero:
+            self.sink = self._make_sink(run_id, prefix)
+            if self.world_size > 1 and run_id is None:
+                run_id = self.sink.wait_for_run(timeout_s=60.0)
+        if self.world_size > 1:
+            # One MLflow run per job: rank 0 created (or found) it, the others write into it.
+            run_id = self._from_rank_zero(trainer, run_id)
+            if not self.is_global_zero and self.local_rank == 0 and run_id:
+                self.sink = self._make_sink(run_id, prefix)
+        if self.is_global_zero:
+            self.sink.log_params(
+                {
+                    f"{ARTIFACT_ROOT}/config_hash": self.config.fingerprint(),
+                    f"{ARTIFACT_ROOT}/run_folder": self.run_dir,
+                }
+            )
+
+    def _make_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink:
+        assert self.run_dir is not None and self.tracking_uri is not None
+        tracking = self.config.tracking
+        return TrackingSink(
+            self.tracking_uri,
+            tracking.experiment,
+            self.run_dir / "spool" / f"rank{self.global_rank}",
+            run_id=run_id,
+            run_name=tracking.run_name or self.run_dir.name,
+            key_prefix=key_prefix,
+            tags={"anemoi_profiler.run_folder": str(self.run_dir)},
+            flush_interval_s=tracking.flush_interval_s,
+            retry_interval_s=tracking.retry_interval_s,
+        )
+
+    @staticmethod
+    def _from_rank_zero(trainer: Any, value: Any) -> Any:
+        if trainer_info.world_size(trainer) == 1:
+            return value
+        return trainer.strategy.broadcast(value, src=0)
+
+    def _finish(self, trainer: Any) -> None:
+        try:
+            if self.is_global_zero and self._report is not None:
+                self._write_report(trainer)
+            if self.sink is not None:
+                step = trainer_info.global_step(trainer)
+                if self._summary_metrics:
+                    self.sink.log_metrics(self._summary_metrics, step)
+                if self.is_global_zero and self.config.tracking.upload_artifacts:
+                    self._upload_run_folder()
+                self.sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)
+        finally:
+            if self.is_global_zero:
+                self._print_where_to_look()
+
+    def _write_report(self, trainer: Any) -> None:
+        assert self._report is not None and self.run_dir is not None
+        report = self._report
+        report.header.update(
+            status=self._status,
+            duration=f"{time.time() - self._started:.1f} s",
+            steps=trainer_info.global_step(trainer),
+        )
+        report.write(self.run_dir, txt=self.config.report.txt, as_json=self.config.report.json)
+        if self.config.report.console:
+            report.print_console()
+
+    def _upload_run_folder(self) -> None:
+        assert self.sink is not None and self.run_dir is not None
+        for path in sorted(self.run_dir.rglob("*")):
+            relative = path.relative_to(self.run_dir)
+            if path.is_file() and relative.parts[0] not in _NOT_UPLOADED:
+                self.sink.log_artifact(path, str(Path(ARTIFACT_ROOT) / relative.parent))
+
+    def _print_where_to_look(self) -> None:
+        lines = [f"anemoi-profiler: run folder {self.run_dir}"]
+        if self.sink is not None and self.tracking_uri:
+            lines.append(f"anemoi-profiler: MLflow run {self.sink.run_id} at {redact_uri(self.tracking_uri)}")
+            if self.tracking_uri.startswith("sqlite:"):
+                lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {self.tracking_uri}")
+        print("\n".join(lines), flush=True)
+
+    # ---- what callbacks call ----
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Queue metrics for MLflow; returns at once (the sink sends them from its own thread)."""
+        if self.sink is not None and metrics:
+            self.sink.log_metrics(metrics, step)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        if self.sink is not None and params:
+            self.sink.log_params(params)
+
+    def add_section(self, section: ReportSection | None, summary_metrics: dict[str, float] | None = None) -> None:
+        """Add a report section and end-of-run `summary/...` values (rank 0 writes them)."""
+        if self._report is not None:
+            self._report.add(section)
+        self._summary_metrics.update(summary_metrics or {})
+
+
+def _redacted_yaml(config: ProfilerConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(config.to_dict())))
+
+
+def _header_from_environment(environment: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    devices = environment.get("devices") or []
+    model = getattr(trainer, "lightning_module", None)
+    return {
+        "model": type(model).__name__ if model is not None else "n/a",
+        "device": devices[0]["name"] if devices else "cpu",
+        "world size": environment.get("world_size", 1),
+        "precision": environment.get("precision"),
+        "strategy": environment.get("strategy"),
+        "versions": ", ".join(f"{k} {v}" for k, v in environment["packages"].items() if v),
+    }

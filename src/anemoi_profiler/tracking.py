@@ -1,0 +1,393 @@
+"""The tracking sink: the single place that talks to MLflow.
+
+The training thread only puts records on a queue. A background thread writes each batch of records to the
+spool folder first (write-ahead), then sends it and deletes the file. So a slow or dead server never
+blocks training, and nothing is lost: what could not be sent stays in `<run folder>/spool/` and is sent
+when the server answers again, at the end of the run, or by `anemoi-profiler sync <run folder>`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .redaction import redact_uri
+
+log = logging.getLogger(__name__)
+
+MAX_METRICS_PER_REQUEST = 1000
+MAX_PARAMS_PER_REQUEST = 100
+RUN_FILE = "run.json"
+
+
+def default_tracking_uri(output_dir: str | Path) -> str:
+    """The embedded default: a sqlite store beside the run folders (never the refused ./mlruns store)."""
+    return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(configured: str | None, logger_uri: str | None, output_dir: str | Path) -> str:
+    """Configured URI, else the MLFlowLogger's, else $MLFLOW_TRACKING_URI, else the embedded sqlite store."""
+    return configured or logger_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_dir)
+
+
+@dataclass
+class Batch:
+    """Records waiting to be sent together; the unit written to the spool."""
+
+    metrics: list[list[Any]] = field(default_factory=list)  # [key, value, timestamp_ms, step]
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: list[list[str]] = field(default_factory=list)  # [local_path, artifact_dir]
+    terminate: str | None = None
+
+    def empty(self) -> bool:
+        return not (self.metrics or self.params or self.tags or self.artifacts or self.terminate)
+
+    @classmethod
+    def read(cls, path: Path) -> Batch:
+        return cls(**json.loads(path.read_text()))
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__))
+        tmp.replace(path)
+
+
+class RecordRejectedError(Exception):
+    """MLflow refused the content itself (e.g. a changed param): retrying would not help."""
+
+
+class MlflowTarget:
+    """An MLflow run reached through one client; creates the run on first use if it has no id yet."""
+
+    def __init__(self, spool_dir: Path, tracking_uri: str | None = None) -> None:
+        self.spool_dir = spool_dir
+        info = json.loads((spool_dir / RUN_FILE).read_text())
+        self.tracking_uri = tracking_uri or info["tracking_uri"]
+        self.info = info
+        self._client: Any = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.info.get("run_id")
+
+    def client(self) -> Any:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def ensure_run(self) -> str:
+        if self.run_id:
+            return self.run_id
+        client = self.client()
+        experiment = client.get_experiment_by_name(self.info["experiment"])
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.info["experiment"])
+        run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
+        self.info["run_id"] = run.info.run_id
+        self.info["experiment_id"] = experiment_id
+        _write_run_file(self.spool_dir, self.info)
+        return run.info.run_id
+
+    def send(self, batch: Batch) -> None:
+        """Send a batch part by part, dropping each part from `batch` once MLflow has it."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = self.ensure_run()
+        client = self.client()
+        while batch.metrics:
+            chunk = batch.metrics[:MAX_METRICS_PER_REQUEST]
+            self._call(
+                client.log_batch,
+                run_id,
+                metrics=[Metric(k, float(v), int(t), int(s)) for k, v, t, s in chunk],
+            )
+            del batch.metrics[: len(chunk)]
+        while batch.params:
+            keys = list(batch.params)[:MAX_PARAMS_PER_REQUEST]
+            self._call(client.log_batch, run_id, params=[Param(k, batch.params[k]) for k in keys])
+            for k in keys:
+                del batch.params[k]
+        if batch.tags:
+            self._call(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in batch.tags.items()])
+            batch.tags.clear()
+        while batch.artifacts:
+            local_path, artifact_dir = batch.artifacts[0]
+            if Path(local_path).exists():
+                self._call(client.log_artifact, run_id, local_path, artifact_dir or None)
+            batch.artifacts.pop(0)
+        if batch.terminate:
+            self._call(client.set_terminated, run_id, batch.terminate)
+            batch.terminate = None
+
+    @staticmethod
+    def _call(fn: Any, *args: Any, **kwargs: Any) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            fn(*args, **kwargs)
+        except MlflowException as error:
+            if error.error_code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS"):
+                raise RecordRejectedError(str(error).splitlines()[0]) from error
+            raise
+
+
+def _write_run_file(spool_dir: Path, info: Mapping[str, Any]) -> None:
+    tmp = spool_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(dict(info), indent=2))
+    tmp.replace(spool_dir / RUN_FILE)
+
+
+def pending_batches(spool_dir: Path) -> list[Path]:
+    return sorted(spool_dir.glob("batch-*.json"))
+
+
+def replay_spool(
+    spool_dir: Path, tracking_uri: str | None = None, target: MlflowTarget | None = None
+) -> tuple[int, int]:
+    """Send every spooled batch in order; return (sent, still pending). Used by the sink and `sync`."""
+    target = target or MlflowTarget(spool_dir, tracking_uri)
+    files = pending_batches(spool_dir)
+    sent = 0
+    for path in files:
+        batch = Batch.read(path)
+        try:
+            target.send(batch)
+        except RecordRejectedError as error:
+            log.warning("MLflow rejected part of %s (%s); dropped it", path.name, error)
+        except Exception:
+            batch.write(path)
+            raise
+        path.unlink()
+        sent += 1
+    return sent, len(files) - sent
+
+
+class TrackingSink:
+    """Queue metrics, params and artifacts for one MLflow run; send them in batches off the training thread.
+
+    Either reuses an existing run (`run_id`, e.g. a Lightning MLFlowLogger's) or creates its own run, in
+    which case `close` marks it FINISHED/FAILED/KILLED. Never raises into the caller: a tracking failure is
+    logged once as a warning and the data stays in the spool.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        spool_dir: Path,
+        *,
+        run_id: str | None = None,
+        run_name: str | None = None,
+        key_prefix: str = "",
+        tags: Mapping[str, str] | None = None,
+        flush_interval_s: float = 5.0,
+        retry_interval_s: float = 30.0,
+    ) -> None:
+        self.spool_dir = spool_dir
+        self.owns_run = run_id is None
+        self.key_prefix = key_prefix
+        self.flush_interval_s = flush_interval_s
+        self.retry_interval_s = retry_interval_s
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        _write_run_file(
+            spool_dir,
+            {
+                "tracking_uri": tracking_uri,
+                "experiment": experiment,
+                "run_id": run_id,
+                "run_name": run_name,
+                "tags": dict(tags or {}),
+            },
+        )
+        self.tracking_uri = tracking_uri
+        self._target = MlflowTarget(spool_dir, tracking_uri)
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._run_ready = threading.Event()
+        self._seq = itertools.count()
+        self._offline_since: float | None = None
+        self._last_attempt = 0.0
+        self._warned = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
+        self._thread.start()
+        atexit.register(self._flush_at_exit)
+
+    # ---- training-thread API: each call only enqueues ----
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        timestamp_ms = timestamp_ms or int(time.time() * 1000)
+        for key, value in metrics.items():
+            self._queue.put(("metric", self._prefixed(key), value, timestamp_ms, step))
+        self._wake_if_large()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._queue.put(("params", {k: str(v)[:6000] for k, v in params.items()}))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._queue.put(("tags", {k: str(v)[:5000] for k, v in tags.items()}))
+
+    def log_artifact(self, local_path: Path, artifact_dir: str = "") -> None:
+        self._queue.put(("artifact", str(local_path), artifact_dir))
+
+    @property
+    def run_id(self) -> str | None:
+        return self._target.run_id
+
+    def wait_for_run(self, timeout_s: float) -> str | None:
+        """The run id once the background thread has created (or reached) the run; None if it could not."""
+        self._run_ready.wait(timeout_s)
+        return self.run_id
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything queued so far was sent or spooled. True when nothing is left to send."""
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        self._wake.set()
+        return done.wait(timeout_s) and not pending_batches(self.spool_dir)
+
+    def close(self, status: str | None = "FINISHED", timeout_s: float = 30.0) -> bool:
+        """Send everything (and end our own run with `status`); what does not get through stays spooled.
+
+        Returns True when nothing is left in the spool.
+        """
+        if self._closed:
+            return not pending_batches(self.spool_dir)
+        self._closed = True
+        if status and self.owns_run:
+            self._queue.put(("terminate", status))
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            # The server is too slow: stop waiting and put whatever is still queued into the spool.
+            self._write_batch(self._drain())
+        atexit.unregister(self._flush_at_exit)
+        left = pending_batches(self.spool_dir)
+        if left:
+            log.warning(
+                "anemoi-profiler: %d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
+                "they are kept in %s. Send them with: anemoi-profiler sync %s",
+                len(left),
+                redact_uri(self.tracking_uri),
+                self.spool_dir,
+                self.spool_dir.parent,
+            )
+        return not left
+
+    # ---- background thread ----
+    def _prefixed(self, key: str) -> str:
+        # System metrics keep MLflow's own names so the UI's System metrics tab shows them.
+        if not self.key_prefix or key.startswith("system/"):
+            return key
+        return f"{self.key_prefix}-{key}"
+
+    def _wake_if_large(self) -> None:
+        if self._queue.qsize() >= MAX_METRICS_PER_REQUEST:
+            self._wake.set()
+
+    def _loop(self) -> None:
+        self._attempt(create_run_only=True)
+        while True:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            stopping = self._stopping.is_set()
+            self._attempt(force=stopping)
+            if stopping:
+                return
+
+    def _drain(self) -> tuple[Batch, list[threading.Event]]:
+        batch, flushes = Batch(), []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, flushes
+            kind = item[0]
+            if kind == "metric":
+                batch.metrics.append(list(item[1:]))
+            elif kind == "params":
+                batch.params.update(item[1])
+            elif kind == "tags":
+                batch.tags.update(item[1])
+            elif kind == "artifact":
+                batch.artifacts.append([item[1], item[2]])
+            elif kind == "terminate":
+                batch.terminate = item[1]
+            elif kind == "flush":
+                flushes.append(item[1])
+
+    def _write_batch(self, drained: tuple[Batch, list[threading.Event]]) -> None:
+        batch, flushes = drained
+        if not batch.empty():
+            batch.write(self.spool_dir / f"batch-{time.time_ns():020d}-{next(self._seq):06d}.json")
+        for done in flushes:
+            done.set()
+
+    def _attempt(self, create_run_only: bool = False, force: bool = False) -> None:
+        """Spool what is queued, then send the spool in order unless the server is known down."""
+        try:
+            batch, flushes = self._drain()
+            self._write_batch((batch, []))
+            retry_due = time.monotonic() - self._last_attempt >= self.retry_interval_s
+            if self._offline_since is None or retry_due or force:
+                self._last_attempt = time.monotonic()
+                try:
+                    if create_run_only:
+                        self._target.ensure_run()
+                    else:
+                        replay_spool(self.spool_dir, target=self._target)
+                    self._mark_online()
+                except Exception as error:
+                    self._mark_offline(error)
+            for done in flushes:
+                done.set()
+        except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
+            log.warning("anemoi-profiler: tracking thread error (%s); will retry", error)
+        finally:
+            if self.run_id:
+                self._run_ready.set()
+
+    def _mark_online(self) -> None:
+        if self._offline_since is not None:
+            log.warning(
+                "anemoi-profiler: MLflow at %s answers again after %.0f s; spooled metrics were sent",
+                redact_uri(self.tracking_uri),
+                time.monotonic() - self._offline_since,
+            )
+        self._offline_since = None
+
+    def _mark_offline(self, error: BaseException) -> None:
+        if self._offline_since is None:
+            self._offline_since = time.monotonic()
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "anemoi-profiler: MLflow at %s is not reachable (%s: %s). Training goes on; metrics are kept "
+                "in %s and sent when it answers (retry every %.0f s) or with: anemoi-profiler sync %s",
+                redact_uri(self.tracking_uri),
+                type(error).__name__,
+                str(error).splitlines()[0][:200] if str(error) else "",
+                self.spool_dir,
+                self.retry_interval_s,
+                self.spool_dir.parent,
+            )
+        self._run_ready.set()
+
+    def _flush_at_exit(self) -> None:
+        if not self._closed:
+            self._stopping.set()
+            self._wake.set()
+            self._thread.join(10.0)

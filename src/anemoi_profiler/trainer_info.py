@@ -1,0 +1,73 @@
+"""What the profiler needs to know about a Trainer, found by duck typing.
+
+anemoi uses the `pytorch_lightning` namespace, most others `lightning.pytorch`; `isinstance` across the two
+fails, so nothing here imports either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def find_mlflow_logger(trainer: Any) -> Any | None:
+    """The trainer's MLflow logger (Lightning's MLFlowLogger or anything shaped like it), if any."""
+    for logger in getattr(trainer, "loggers", None) or []:
+        if type(logger).__name__ == "MLFlowLogger" or (
+            hasattr(logger, "run_id") and hasattr(logger, "_tracking_uri") and hasattr(logger, "experiment")
+        ):
+            return logger
+    return None
+
+
+def logger_tracking_uri(logger: Any) -> str | None:
+    uri = getattr(logger, "_tracking_uri", None)
+    return str(uri) if uri else None
+
+
+def logger_prefix(logger: Any) -> str:
+    return str(getattr(logger, "_prefix", "") or "")
+
+
+def global_rank(trainer: Any) -> int:
+    return int(getattr(trainer, "global_rank", 0))
+
+
+def local_rank(trainer: Any) -> int:
+    return int(getattr(trainer, "local_rank", 0))
+
+
+def node_rank(trainer: Any) -> int:
+    return int(getattr(trainer, "node_rank", 0))
+
+
+def world_size(trainer: Any) -> int:
+    return int(getattr(trainer, "world_size", 1))
+
+
+def num_nodes(trainer: Any) -> int:
+    return int(getattr(trainer, "num_nodes", 1))
+
+
+def precision(trainer: Any) -> str:
+    return str(getattr(trainer, "precision", "32-true"))
+
+
+def strategy_name(trainer: Any) -> str:
+    return type(getattr(trainer, "strategy", None)).__name__
+
+
+def root_device(trainer: Any) -> Any:
+    """The torch.device this rank trains on (cpu when unknown)."""
+    import torch
+
+    strategy = getattr(trainer, "strategy", None)
+    device = getattr(strategy, "root_device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
+def is_cuda(trainer: Any) -> bool:
+    return root_device(trainer).type == "cuda"
+
+
+def global_step(trainer: Any) -> int:
+    return int(getattr(trainer, "global_step", 0))

@@ -1,0 +1,27 @@
+"""Shared test setup: real MLflow stores in temp folders, the shared fixtures, no telemetry."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"shared fixtures not found at {FIXTURES}: CI lays shared/ beside the checkout")
+    return FIXTURES
+
+
+@pytest.fixture
+def sqlite_uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
