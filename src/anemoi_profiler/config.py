@@ -81,6 +81,68 @@ class SystemConfig:
 
 
 @dataclass
+class WindowConfig:
+    """A torch.profiler schedule: skip `skip_first` batches, then `repeat` cycles of wait/warmup/active.
+
+    Only `active` batches are recorded; `repeat: 0` repeats until the stage ends.
+    """
+
+    skip_first: int = 10
+    wait: int = 5
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+
+
+@dataclass
+class TorchProfilerConfig:
+    """Profiling windows with torch.profiler: traces, time report, memory report."""
+
+    enabled: bool = False
+    train: WindowConfig = field(default_factory=WindowConfig)
+    # Validation batches are counted per validation run; the sanity check is never profiled.
+    validation: bool = True
+    val: WindowConfig = field(default_factory=lambda: WindowConfig(skip_first=0, wait=0, warmup=1, active=2, repeat=1))
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    # Record CUDA synchronization events, which HTA's critical-path analysis needs.
+    sync_events: bool = True
+    traces: bool = True
+    # Warn before a window whose trace would exceed this many MB (uncompressed JSON); skip writing above 4x.
+    trace_budget_mb: float = 300.0
+    # Upload traces to MLflow when their total stays below this; the run folder always keeps them.
+    upload_traces_max_mb: float = 200.0
+    time_report: bool = True
+    memory_report: bool = True
+    # memory/timeline_rank<r>.html via export_memory_timeline (CUDA only; slow on long windows).
+    memory_timeline: bool = False
+    top_n: int = 30
+
+
+@dataclass
+class MemorySnapshotConfig:
+    """CUDA caching-allocator snapshot (open at pytorch.org/memory_viz); also dumped when the run dies."""
+
+    enabled: bool = False
+    # Record allocation history from this training batch, for `steps` batches.
+    start_step: int = 5
+    steps: int = 3
+    max_entries: int = 100000
+    on_exception: bool = True
+
+
+@dataclass
+class ModelSummaryConfig:
+    """torchinfo summary of the model on a real batch (rank 0)."""
+
+    enabled: bool = True
+    depth: int = 3
+
+
+@dataclass
 class ReportConfig:
     """The end-of-run report: which renderings to make."""
 
@@ -101,6 +163,9 @@ class ProfilerConfig:
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
+    profiler: TorchProfilerConfig = field(default_factory=TorchProfilerConfig)
+    memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
+    model_summary: ModelSummaryConfig = field(default_factory=ModelSummaryConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 
     @classmethod
@@ -137,6 +202,20 @@ class ProfilerConfig:
             ("tracking.close_timeout_s", self.tracking.close_timeout_s >= 0, "a number of seconds >= 0"),
             ("tracking.experiment", bool(self.tracking.experiment.strip()), "a non-empty name"),
             ("output_dir", bool(self.output_dir.strip()), "a non-empty path"),
+        ]
+        for stage in ("train", "val"):
+            window = getattr(self.profiler, stage)
+            for name in ("skip_first", "wait", "warmup", "repeat"):
+                checks.append((f"profiler.{stage}.{name}", getattr(window, name) >= 0, "an integer >= 0"))
+            checks.append((f"profiler.{stage}.active", window.active >= 1, "an integer >= 1"))
+        checks += [
+            ("profiler.trace_budget_mb", self.profiler.trace_budget_mb > 0, "a number of MB > 0"),
+            ("profiler.upload_traces_max_mb", self.profiler.upload_traces_max_mb >= 0, "a number of MB >= 0"),
+            ("profiler.top_n", self.profiler.top_n >= 1, "an integer >= 1"),
+            ("memory_snapshot.start_step", self.memory_snapshot.start_step >= 0, "an integer >= 0"),
+            ("memory_snapshot.steps", self.memory_snapshot.steps >= 1, "an integer >= 1"),
+            ("memory_snapshot.max_entries", self.memory_snapshot.max_entries >= 1, "an integer >= 1"),
+            ("model_summary.depth", self.model_summary.depth >= 0, "an integer >= 0"),
         ]
         for name in ("flops_per_sample", "device_peak_flops"):
             value = getattr(self.throughput, name)
