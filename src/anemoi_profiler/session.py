@@ -49,6 +49,7 @@ class ProfilerSession:
         self.local_rank = 0
         self.world_size = 1
         self._members: set[int] = set()
+        self._not_uploaded: set[Path] = set()
         self._report: RunReport | None = None
         self._summary_metrics: dict[str, float] = {}
         self._started = 0.0
@@ -183,7 +184,8 @@ class ProfilerSession:
         assert self.sink is not None and self.run_dir is not None
         for path in sorted(self.run_dir.rglob("*")):
             relative = path.relative_to(self.run_dir)
-            if path.is_file() and relative.parts[0] not in _NOT_UPLOADED:
+            skipped = relative.parts[0] in _NOT_UPLOADED or any(p in self._not_uploaded for p in path.parents)
+            if path.is_file() and not skipped and path not in self._not_uploaded:
                 self.sink.log_artifact(path, str(Path(ARTIFACT_ROOT) / relative.parent))
 
     def _print_where_to_look(self) -> None:
@@ -203,6 +205,10 @@ class ProfilerSession:
     def log_params(self, params: dict[str, Any]) -> None:
         if self.sink is not None and params:
             self.sink.log_params(params)
+
+    def keep_local(self, path: Path) -> None:
+        """Keep a file or folder of the run folder out of the MLflow upload (e.g. traces over the size cap)."""
+        self._not_uploaded.add(Path(path).resolve())
 
     def add_section(self, section: ReportSection | None, summary_metrics: dict[str, float] | None = None) -> None:
         """Add a report section and end-of-run `summary/...` values (rank 0 writes them)."""
