@@ -25,3 +25,9 @@ def fixtures_dir() -> Path:
 @pytest.fixture
 def sqlite_uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLFlowLogger calls mlflow.set_tracking_uri, which also sets $MLFLOW_TRACKING_URI for the process."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -1,0 +1,197 @@
+"""Real Lightning fits on CPU with a real sqlite MLflow store: what lands in the run and the run folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning_models import TinyRegressor, loaders, trainer
+from mlflow.tracking import MlflowClient
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+
+ALWAYS_ON = [
+    "throughput/train/samples_per_sec",
+    "throughput/train/batches_per_sec",
+    "throughput/train/device/samples_per_sec",
+    "throughput/val/samples_per_sec",
+    "time/train/step_ms",
+    "time/train/dataloader_wait_ms",
+    "time/val/step_ms",
+    "memory/cpu_rss_mb",
+    "system/cpu_utilization_percentage",
+    "system/system_memory_usage_megabytes",
+    "summary/train/samples_per_sec",
+    "summary/val/samples_per_sec",
+    "summary/train/step_ms",
+]
+
+
+def config_for(tmp_path: Path, *overrides: str) -> ProfilerConfig:
+    return ProfilerConfig.load(
+        None,
+        [
+            f"output_dir={tmp_path / 'runs'}",
+            "log_every_n_steps=4",
+            "throughput.warmup_steps=2",
+            "system.interval_s=0.5",
+            "report.console=false",
+            *overrides,
+        ],
+    )
+
+
+def only_run_folder(tmp_path: Path) -> Path:
+    folders = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_uri: str) -> None:
+    logger = MLFlowLogger(experiment_name="users-exp", tracking_uri=sqlite_uri, run_name="mine")
+    train, val = loaders()
+    fit = trainer(
+        build_callbacks(config_for(tmp_path)), logger=logger, val_check_interval=8, limit_val_batches=2, log_every_n_steps=4
+    )
+    fit.fit(TinyRegressor(), train, val)
+
+    client = MlflowClient(sqlite_uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.run_name == "mine"
+    # one run only: the profiler wrote into the logger's run
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    missing = [key for key in ALWAYS_ON if key not in run.data.metrics]
+    assert not missing, missing
+    assert "train/loss" in run.data.metrics
+    for key, value in run.data.metrics.items():
+        assert math.isfinite(value), key
+    history = client.get_metric_history(logger.run_id, "throughput/train/samples_per_sec")
+    # 16 batches, 2 warmup, logged every 4 -> intervals end at batch 6, 10, 14 and the rest at the end
+    assert len(history) == 4
+    assert all(point.value > 0 for point in history)
+    system_steps = [m.step for m in client.get_metric_history(logger.run_id, "system/cpu_utilization_percentage")]
+    assert len(system_steps) >= 2  # a sample at the start and one at the end, even for a short run
+    assert system_steps == sorted(system_steps) and system_steps[-1] == 16  # on the training step axis
+
+    artifacts = {a.path for a in client.list_artifacts(logger.run_id, "profiler")}
+    assert {"profiler/config.yaml", "profiler/environment.json", "profiler/report.txt", "profiler/report.json"} <= artifacts
+
+    folder = only_run_folder(tmp_path)
+    assert folder.name.endswith("_" + config_for(tmp_path).fingerprint())
+    assert yaml.safe_load((folder / "config.yaml").read_text())["throughput"]["warmup_steps"] == 2
+    environment = json.loads((folder / "environment.json").read_text())
+    assert environment["packages"]["torch"] and environment["world_size"] == 1
+    assert environment["precision"] == "32-true"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["sections"]["Throughput"]["data"]["train/samples_per_sec"] == pytest.approx(
+        run.data.metrics["summary/train/samples_per_sec"]
+    )
+    assert "Throughput" in (folder / "report.txt").read_text()
+
+
+def test_without_a_logger_the_embedded_sqlite_store_gets_its_own_finished_run(tmp_path: Path) -> None:
+    train, val = loaders(n_train=64)
+    trainer(build_callbacks(config_for(tmp_path, "system.enabled=false")), limit_val_batches=1).fit(
+        TinyRegressor(), train, val
+    )
+    database = tmp_path / "runs" / "mlflow.db"
+    assert database.is_file()
+    assert not (tmp_path / "mlruns").exists()
+    client = MlflowClient(f"sqlite:///{database}")
+    experiment = client.get_experiment_by_name("anemoi-profiler")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == only_run_folder(tmp_path).name
+    assert "throughput/train/samples_per_sec" in run.data.metrics
+
+
+def test_logger_prefix_is_respected_except_for_system_metrics(tmp_path: Path, sqlite_uri: str) -> None:
+    logger = MLFlowLogger(experiment_name="p", tracking_uri=sqlite_uri, prefix="fold1")
+    train, _ = loaders(n_train=64)
+    trainer(build_callbacks(config_for(tmp_path)), logger=logger).fit(TinyRegressor(), train)
+    metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
+    assert "fold1-throughput/train/samples_per_sec" in metrics
+    assert "throughput/train/samples_per_sec" not in metrics
+    assert "system/cpu_utilization_percentage" in metrics
+
+
+def test_pytorch_lightning_namespace_trainer_works_too(tmp_path: Path, sqlite_uri: str) -> None:
+    import pytorch_lightning as pl_legacy
+    from pytorch_lightning.loggers import MLFlowLogger as LegacyMLFlowLogger
+
+    class LegacyRegressor(pl_legacy.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    logger = LegacyMLFlowLogger(experiment_name="legacy", tracking_uri=sqlite_uri)
+    train, _ = loaders(n_train=64)
+    pl_legacy.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        callbacks=build_callbacks(config_for(tmp_path, "system.enabled=false")),
+        logger=logger,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    ).fit(LegacyRegressor(), train)
+    assert "throughput/train/samples_per_sec" in MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
+
+
+def test_user_exception_passes_through_and_own_run_is_marked_failed(tmp_path: Path) -> None:
+    train, _ = loaders(n_train=128)
+    fit = trainer(build_callbacks(config_for(tmp_path)))
+    with pytest.raises(RuntimeError, match="boom from the user's training_step"):
+        fit.fit(TinyRegressor(fail_at_step=6), train)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert run.info.status == "FAILED"
+    # what was measured before the failure was flushed
+    assert "throughput/train/samples_per_sec" in run.data.metrics
+    assert json.loads((only_run_folder(tmp_path) / "report.json").read_text())["header"]["status"] == "FAILED"
+
+
+def test_gradient_accumulation_no_validation_and_ragged_last_batch(tmp_path: Path, sqlite_uri: str) -> None:
+    logger = MLFlowLogger(experiment_name="acc", tracking_uri=sqlite_uri)
+    train, val = loaders(n_train=100, batch_size=16)  # 7 batches: six of 16, one of 4
+    trainer(
+        build_callbacks(config_for(tmp_path, "system.enabled=false", "throughput.warmup_steps=0")),
+        logger=logger,
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        limit_val_batches=0,
+    ).fit(TinyRegressor(), train, val)
+    report = json.loads((only_run_folder(tmp_path) / "report.json").read_text())
+    throughput = report["sections"]["Throughput"]["data"]
+    assert throughput["train/measured_batches"] == 14
+    metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
+    assert not any(key.startswith("throughput/val") for key in metrics)
+    assert all(math.isfinite(value) for value in metrics.values())
+    # the step axis is the optimizer step: 7 batches with accumulation 2 step 4 times an epoch (the last
+    # batch of an epoch steps too), so global_step is 8 after two epochs
+    history = MlflowClient(sqlite_uri).get_metric_history(logger.run_id, "time/train/step_ms")
+    assert max(point.step for point in history) == 8
+
+
+def test_secrets_in_the_tracking_uri_are_redacted_in_config_copy(tmp_path: Path) -> None:
+    secret_uri = "http://alice:hunter2@127.0.0.1:9/?token=abc123"
+    config = config_for(tmp_path, f"tracking.uri={secret_uri}", "tracking.enabled=false", "system.enabled=false")
+    train, _ = loaders(n_train=32)
+    trainer(build_callbacks(config)).fit(TinyRegressor(), train)
+    folder = only_run_folder(tmp_path)
+    for name in ("config.yaml", "environment.json", "report.json", "report.txt"):
+        text = (folder / name).read_text()
+        assert "hunter2" not in text and "abc123" not in text, name
+    assert "***@127.0.0.1:9" in (folder / "config.yaml").read_text()
