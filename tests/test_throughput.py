@@ -181,4 +181,4 @@ def test_mfu_from_measured_flops_with_a_user_peak(tmp_path: Path) -> None:
     assert 2 * 288 <= callback.flops_per_sample <= 3 * 288
     throughput = read_report(tmp_path)["sections"]["Throughput"]["data"]
     expected = throughput["train/device/samples_per_sec"] * callback.flops_per_sample / 1e12
-    assert throughput["train/mfu"] == pytest.approx(expected)
+    assert throughput["train/mfu_percent"] == pytest.approx(expected * 100)

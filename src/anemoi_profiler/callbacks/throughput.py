@@ -152,8 +152,10 @@ class ThroughputCallback(StageCallback):
             for key, value in rates.items():
                 name = key.removeprefix("throughput/")
                 summary[f"summary/{name}"] = value
-                unit = "" if name.endswith("mfu") else "/s"
-                values[name] = (value * 100, "%") if name.endswith("mfu") else (value, unit)
+                if name.endswith("mfu"):
+                    values[f"{name}_percent"] = (value * 100, "%")
+                else:
+                    values[name] = (value, "/s")
             values[f"{stage}/measured_batches"] = (totals["batches"], "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
