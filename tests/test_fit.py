@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.loggers import MLFlowLogger
-from lightning_models import TinyRegressor, loaders, trainer
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
+from lightning_models import TinyRegressor, loaders, trainer
 
 ALWAYS_ON = [
     "throughput/train/samples_per_sec",
@@ -56,7 +56,11 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     logger = MLFlowLogger(experiment_name="users-exp", tracking_uri=sqlite_uri, run_name="mine")
     train, val = loaders()
     fit = trainer(
-        build_callbacks(config_for(tmp_path)), logger=logger, val_check_interval=8, limit_val_batches=2, log_every_n_steps=4
+        build_callbacks(config_for(tmp_path)),
+        logger=logger,
+        val_check_interval=8,
+        limit_val_batches=2,
+        log_every_n_steps=4,
     )
     fit.fit(TinyRegressor(), train, val)
 
@@ -79,7 +83,12 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     assert system_steps == sorted(system_steps) and system_steps[-1] == 16  # on the training step axis
 
     artifacts = {a.path for a in client.list_artifacts(logger.run_id, "profiler")}
-    assert {"profiler/config.yaml", "profiler/environment.json", "profiler/report.txt", "profiler/report.json"} <= artifacts
+    assert {
+        "profiler/config.yaml",
+        "profiler/environment.json",
+        "profiler/report.txt",
+        "profiler/report.json",
+    } <= artifacts
 
     folder = only_run_folder(tmp_path)
     assert folder.name.endswith("_" + config_for(tmp_path).fingerprint())
@@ -129,11 +138,11 @@ def test_pytorch_lightning_namespace_trainer_works_too(tmp_path: Path, sqlite_ur
             super().__init__()
             self.net = torch.nn.Linear(8, 1)
 
-        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        def training_step(self, batch, batch_idx):
             x, y = batch
             return torch.nn.functional.mse_loss(self.net(x), y)
 
-        def configure_optimizers(self):  # noqa: ANN201
+        def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     logger = LegacyMLFlowLogger(experiment_name="legacy", tracking_uri=sqlite_uri)

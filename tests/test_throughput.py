@@ -11,13 +11,13 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning_models import TinyRegressor, loaders, trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, ThroughputCallback
 from anemoi_profiler.callbacks.intervals import batch_size_of
 from anemoi_profiler.flops import dense_peak_flops
+from lightning_models import TinyRegressor, loaders, trainer
 
 
 class WallClock(pl.Callback):
@@ -140,7 +140,7 @@ def test_length_fn_from_config_must_import(tmp_path: Path) -> None:
     from anemoi_profiler import ConfigError
 
     config = ProfilerConfig.load(None, ["throughput.length_fn=nowhere.module:count"])
-    with pytest.raises(ConfigError, match="cannot import 'nowhere.module:count'"):
+    with pytest.raises(ConfigError, match=r"cannot import .nowhere\.module:count."):
         ThroughputCallback(config)
 
 

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MAX_METRICS_PER_REQUEST = 1000
 MAX_PARAMS_PER_REQUEST = 100
+MAX_RECORDS_IN_MEMORY = 20000
 RUN_FILE = "run.json"
 
 
@@ -50,6 +51,13 @@ class Batch:
     artifacts: list[list[str]] = field(default_factory=list)  # [local_path, artifact_dir]
     terminate: str | None = None
 
+    def merge(self, other: Batch) -> None:
+        self.metrics += other.metrics
+        self.params.update(other.params)
+        self.tags.update(other.tags)
+        self.artifacts += other.artifacts
+        self.terminate = other.terminate or self.terminate
+
     def empty(self) -> bool:
         return not (self.metrics or self.params or self.tags or self.artifacts or self.terminate)
 
@@ -61,10 +69,6 @@ class Batch:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.__dict__))
         tmp.replace(path)
-
-
-class RecordRejectedError(Exception):
-    """MLflow refused the content itself (e.g. a changed param): retrying would not help."""
 
 
 class MlflowTarget:
@@ -101,18 +105,19 @@ class MlflowTarget:
         return run.info.run_id
 
     def send(self, batch: Batch) -> None:
-        """Send a batch part by part, dropping each part from `batch` once MLflow has it."""
+        """Send a batch request by request, removing from `batch` what MLflow has taken.
+
+        A request MLflow refuses for its content (not for being away) is dropped with a warning, so one bad
+        value cannot hold back the rest or end the run's status update.
+        """
         from mlflow.entities import Metric, Param, RunTag
 
         run_id = self.ensure_run()
         client = self.client()
         while batch.metrics:
             chunk = batch.metrics[:MAX_METRICS_PER_REQUEST]
-            self._call(
-                client.log_batch,
-                run_id,
-                metrics=[Metric(k, float(v), int(t), int(s)) for k, v, t, s in chunk],
-            )
+            metrics = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in chunk]
+            self._call(client.log_batch, run_id, metrics=metrics)
             del batch.metrics[: len(chunk)]
         while batch.params:
             keys = list(batch.params)[:MAX_PARAMS_PER_REQUEST]
@@ -139,7 +144,8 @@ class MlflowTarget:
             fn(*args, **kwargs)
         except MlflowException as error:
             if error.error_code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS"):
-                raise RecordRejectedError(str(error).splitlines()[0]) from error
+                log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", str(error).splitlines()[0])
+                return
             raise
 
 
@@ -156,22 +162,28 @@ def pending_batches(spool_dir: Path) -> list[Path]:
 def replay_spool(
     spool_dir: Path, tracking_uri: str | None = None, target: MlflowTarget | None = None
 ) -> tuple[int, int]:
-    """Send every spooled batch in order; return (sent, still pending). Used by the sink and `sync`."""
+    """Send every spooled batch, merged into as few requests as possible; return (files sent, files left).
+
+    On failure the unsent remainder is written back in place of the first file, so order is kept and
+    nothing is sent twice. Used by the sink's thread and by `anemoi-profiler sync`.
+    """
     target = target or MlflowTarget(spool_dir, tracking_uri)
     files = pending_batches(spool_dir)
-    sent = 0
+    if not files:
+        return 0, 0
+    merged = Batch()
     for path in files:
-        batch = Batch.read(path)
-        try:
-            target.send(batch)
-        except RecordRejectedError as error:
-            log.warning("MLflow rejected part of %s (%s); dropped it", path.name, error)
-        except Exception:
-            batch.write(path)
-            raise
+        merged.merge(Batch.read(path))
+    try:
+        target.send(merged)
+    except Exception:
+        merged.write(files[0])
+        for path in files[1:]:
+            path.unlink()
+        raise
+    for path in files:
         path.unlink()
-        sent += 1
-    return sent, len(files) - sent
+    return len(files), 0
 
 
 class TrackingSink:
@@ -216,6 +228,7 @@ class TrackingSink:
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._flush_requested = threading.Event()
         self._run_ready = threading.Event()
         self._seq = itertools.count()
         self._offline_since: float | None = None
@@ -255,6 +268,7 @@ class TrackingSink:
         """Wait until everything queued so far was sent or spooled. True when nothing is left to send."""
         done = threading.Event()
         self._queue.put(("flush", done))
+        self._flush_requested.set()
         self._wake.set()
         return done.wait(timeout_s) and not pending_batches(self.spool_dir)
 
@@ -283,7 +297,7 @@ class TrackingSink:
                 len(left),
                 redact_uri(self.tracking_uri),
                 self.spool_dir,
-                self.spool_dir.parent,
+                self.spool_dir.parents[1],
             )
         return not left
 
@@ -337,12 +351,20 @@ class TrackingSink:
             done.set()
 
     def _attempt(self, create_run_only: bool = False, force: bool = False) -> None:
-        """Spool what is queued, then send the spool in order unless the server is known down."""
+        """Write what is queued to the spool, then send the spool, unless the server is known to be away.
+
+        While it is away, records wait in memory until the next retry (or until there are many of them, or
+        someone asks for a flush), so an outage does not turn into thousands of small spool files.
+        """
         try:
+            retry_due = time.monotonic() - self._last_attempt >= self.retry_interval_s
+            send_now = self._offline_since is None or retry_due or force
+            if not (send_now or self._flush_requested.is_set() or self._queue.qsize() >= MAX_RECORDS_IN_MEMORY):
+                return
+            self._flush_requested.clear()
             batch, flushes = self._drain()
             self._write_batch((batch, []))
-            retry_due = time.monotonic() - self._last_attempt >= self.retry_interval_s
-            if self._offline_since is None or retry_due or force:
+            if send_now:
                 self._last_attempt = time.monotonic()
                 try:
                     if create_run_only:
@@ -376,13 +398,13 @@ class TrackingSink:
             self._warned = True
             log.warning(
                 "anemoi-profiler: MLflow at %s is not reachable (%s: %s). Training goes on; metrics are kept "
-                "in %s and sent when it answers (retry every %.0f s) or with: anemoi-profiler sync %s",
+                "in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
                 redact_uri(self.tracking_uri),
                 type(error).__name__,
                 str(error).splitlines()[0][:200] if str(error) else "",
                 self.spool_dir,
                 self.retry_interval_s,
-                self.spool_dir.parent,
+                self.spool_dir.parents[1],
             )
         self._run_ready.set()
 
