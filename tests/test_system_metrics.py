@@ -74,12 +74,11 @@ class ConstantResource(SystemResource):
         return {"answer": 42.0}
 
 
-def run_sampler(recorder: Recorder, samples: int, **kwargs: object) -> SystemMetricsSampler:
+def run_sampler(recorder: Recorder, samples: int, **kwargs: object) -> None:
     sampler = SystemMetricsSampler(recorder, step_fn=itertools.count().__next__, interval_s=0.05, **kwargs)
     sampler.start()
     recorder.wait_for(samples)
     sampler.stop()
-    return sampler
 
 
 def test_samples_carry_mlflow_names_plausible_values_and_training_steps() -> None:
@@ -170,8 +169,7 @@ def test_failing_publish_is_logged_once_and_sampling_goes_on(caplog: pytest.LogC
         sampler.stop()
 
     assert [record.getMessage() for record in caplog.records if "publish" in record.getMessage()] == [
-        "System metrics: publish failed (ConnectionError('tracking server away')); "
-        "further failures are not logged."
+        "System metrics: publish failed (ConnectionError('tracking server away')); further failures are not logged."
     ]
 
 
@@ -201,8 +199,7 @@ def test_failing_resource_is_logged_once_and_others_continue(caplog: pytest.LogC
         run_sampler(recorder, samples=3, extra_resources=[BrokenResource(), ConstantResource()])
 
     assert [record.getMessage() for record in caplog.records] == [
-        "System metrics: resource 'broken' failed (OSError('sensor unplugged')); "
-        "further failures are not logged."
+        "System metrics: resource 'broken' failed (OSError('sensor unplugged')); further failures are not logged."
     ]
     for metrics, _ in recorder.samples:
         assert metrics["system/answer"] == 42.0

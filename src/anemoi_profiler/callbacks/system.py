@@ -58,5 +58,6 @@ class SystemMetricsCallback(ProfilerCallback):
         if not means:
             return None, {}
         values = {key.removeprefix("system/"): (value, "") for key, value in means.items()}
-        note = f"Means over {max(int(c) for _, c in self.sums.values())} samples, every {self.config.system.interval_s:g} s."
+        samples = max(int(count) for _, count in self.sums.values())
+        note = f"Means over {samples} samples, every {self.config.system.interval_s:g} s."
         return ReportSection.key_values("System (mean)", values, note), {}

@@ -1,0 +1,332 @@
+"""Machine metrics (CPU, memory, disk, network, GPUs) sampled off the training thread under MLflow's names.
+
+Modelled on MLflow's ``mlflow/system_metrics/``: one small class per resource behind a tiny base class,
+and a sampler thread that publishes ``system/<name>`` (or ``system/<node_id>/<name>``) so the MLflow UI
+shows the values in its System metrics tab. Unlike MLflow, each sample carries the training step given by
+``step_fn``, so machine behaviour lines up with the loss curves, and only the GPUs this job uses are read.
+This module only measures; the caller's ``publish`` decides where the values go.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import psutil
+
+try:
+    import pynvml
+except ImportError:  # the optional `gpu` extra (nvidia-ml-py) is not installed
+    pynvml = None
+
+LOGGER = logging.getLogger(__name__)
+
+BYTES_PER_MB = 1e6  # MLflow's system metrics use decimal megabytes
+MIN_CPU_WINDOW_S = 0.1  # psutil's advice: shorter windows give noisy utilisation
+
+
+class SystemResource(abc.ABC):
+    """One measured resource; subclass it and pass an instance to the sampler to add a resource."""
+
+    name: str = "resource"
+
+    @abc.abstractmethod
+    def sample(self) -> dict[str, float]:
+        """Current values keyed by metric name, without the ``system/`` prefix."""
+
+
+class CpuResource(SystemResource):
+    """System-wide CPU utilisation over the window since the previous sample.
+
+    Keeps its own CPU-times window instead of ``psutil.cpu_percent()``'s per-thread global state, so
+    that samples taken on different threads, or other psutil users in the process, don't skew it.
+    """
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._last_times = psutil.cpu_times()
+        self._last_time_s = time.monotonic()
+
+    def sample(self) -> dict[str, float]:
+        # The first sample follows construction closely: wait for a window long enough to mean something.
+        time.sleep(max(0.0, MIN_CPU_WINDOW_S - (time.monotonic() - self._last_time_s)))
+        times = psutil.cpu_times()
+        busy_s, total_s = _busy_and_total_s(times)
+        last_busy_s, last_total_s = _busy_and_total_s(self._last_times)
+        self._last_times, self._last_time_s = times, time.monotonic()
+        window_s = total_s - last_total_s
+        busy_share = (busy_s - last_busy_s) / window_s if window_s > 0 else 0.0
+        return {"cpu_utilization_percentage": 100.0 * min(1.0, max(0.0, busy_share))}  # float noise
+
+
+def _busy_and_total_s(times: Any) -> tuple[float, float]:
+    """Busy and total CPU seconds, counted as psutil does (guest time is already in user/nice on Linux)."""
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
+
+
+class MemoryResource(SystemResource):
+    """Memory used by the whole node (the process's own RSS is logged elsewhere)."""
+
+    name = "memory"
+
+    def sample(self) -> dict[str, float]:
+        memory = psutil.virtual_memory()
+        return {
+            "system_memory_usage_megabytes": memory.used / BYTES_PER_MB,
+            "system_memory_usage_percentage": 100.0 * memory.used / memory.total,
+        }
+
+
+class DiskResource(SystemResource):
+    """Usage of the file system holding ``path`` (where checkpoints and traces land, typically)."""
+
+    name = "disk"
+
+    def __init__(self, path: str = "/") -> None:
+        self.path = path
+
+    def sample(self) -> dict[str, float]:
+        usage = psutil.disk_usage(self.path)
+        return {
+            "disk_usage_percentage": usage.percent,
+            "disk_usage_megabytes": usage.used / BYTES_PER_MB,
+            "disk_available_megabytes": usage.free / BYTES_PER_MB,
+        }
+
+
+class NetworkResource(SystemResource):
+    """Bytes received and sent by the node since the first sample, as MLflow reports them."""
+
+    name = "network"
+
+    def __init__(self) -> None:
+        self._initial: tuple[int, int] | None = None
+
+    def sample(self) -> dict[str, float]:
+        counters = psutil.net_io_counters()
+        if self._initial is None:
+            self._initial = (counters.bytes_recv, counters.bytes_sent)
+        initial_received, initial_sent = self._initial
+        return {
+            "network_receive_megabytes": (counters.bytes_recv - initial_received) / BYTES_PER_MB,
+            "network_transmit_megabytes": (counters.bytes_sent - initial_sent) / BYTES_PER_MB,
+        }
+
+
+def visible_gpu_uuids(
+    cuda_visible_devices: str | None,
+    nvml_uuids: Sequence[str],
+    gpu_ordinals: Iterable[int] | None = None,
+) -> dict[int, str]:
+    """Map each CUDA ordinal this job sees to the NVML UUID of the device behind it.
+
+    Follows CUDA's reading of ``CUDA_VISIBLE_DEVICES`` (as ``torch.cuda`` models it): unset means every
+    GPU; entries are NVML indices (leading digits count, like ``strtoul``), ``GPU-`` UUID prefixes or
+    ``MIG-`` UUIDs; the first invalid or ambiguous entry ends the list; a repeated device hides them all.
+    ``nvml_uuids`` are the node's GPU UUIDs in NVML index order; index entries assume CUDA numbers GPUs
+    in that (PCI bus) order, as it does for identical GPUs or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    ``gpu_ordinals`` keeps only those CUDA ordinals, e.g. the devices of this node's local ranks.
+    """
+    if cuda_visible_devices is None:
+        visible = list(nvml_uuids)
+    else:
+        visible = []
+        for entry in (entry.strip() for entry in cuda_visible_devices.split(",")):
+            uuid = _resolve_visible_entry(entry, nvml_uuids)
+            if uuid is None:
+                break
+            if uuid in visible:
+                return {}
+            visible.append(uuid)
+    wanted = None if gpu_ordinals is None else set(gpu_ordinals)
+    return {ordinal: uuid for ordinal, uuid in enumerate(visible) if wanted is None or ordinal in wanted}
+
+
+def _resolve_visible_entry(entry: str, nvml_uuids: Sequence[str]) -> str | None:
+    """The UUID one ``CUDA_VISIBLE_DEVICES`` entry names, or None where CUDA would stop reading."""
+    if entry.startswith("MIG-"):
+        return entry
+    if entry.startswith("GPU-"):
+        matches = [uuid for uuid in nvml_uuids if uuid.startswith(entry)]
+        return matches[0] if len(matches) == 1 else None
+    index = re.match(r"\d+", entry)
+    if index is None or int(index.group()) >= len(nvml_uuids):
+        return None
+    return nvml_uuids[int(index.group())]
+
+
+class GpuResource(SystemResource):
+    """Utilisation, memory, power and temperature of the GPUs this job uses, read through NVML.
+
+    Each NVML query is guarded on its own: a GPU (or MIG slice) that doesn't report power still reports
+    utilisation and memory. A query that fails is logged once per GPU and retried at the next sample.
+    """
+
+    name = "gpu"
+
+    def __init__(self, handles: dict[int, Any]) -> None:
+        self.handles = handles
+        self._reported_failures: set[tuple[int, str]] = set()
+
+    @classmethod
+    def for_this_job(
+        cls, cuda_visible_devices: str | None, gpu_ordinals: Iterable[int] | None = None
+    ) -> GpuResource | None:
+        """The GPUs this job sees, or None (with one info line saying why) when NVML can't read any."""
+        if pynvml is None:
+            LOGGER.info("No GPU system metrics: nvidia-ml-py is not installed (pip install nvidia-ml-py).")
+            return None
+        try:
+            pynvml.nvmlInit()
+            nvml_uuids = [
+                pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+                for index in range(pynvml.nvmlDeviceGetCount())
+            ]
+            uuids = visible_gpu_uuids(cuda_visible_devices, nvml_uuids, gpu_ordinals)
+            handles = {ordinal: pynvml.nvmlDeviceGetHandleByUUID(uuid) for ordinal, uuid in uuids.items()}
+        except pynvml.NVMLError as error:
+            LOGGER.info("No GPU system metrics: NVML cannot read the GPUs (%s).", error)
+            return None
+        if not handles:
+            LOGGER.info(
+                "No GPU system metrics: none selected (CUDA_VISIBLE_DEVICES=%r, gpu_ordinals=%r, %d GPUs).",
+                cuda_visible_devices,
+                gpu_ordinals,
+                len(nvml_uuids),
+            )
+            return None
+        return cls(handles)
+
+    def sample(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for ordinal, handle in self.handles.items():
+            prefix = f"gpu_{ordinal}_"
+            utilization = self._query(ordinal, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
+            if utilization is not None:
+                values[prefix + "utilization_percentage"] = float(utilization.gpu)
+            memory = self._query(ordinal, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+            if memory is not None:
+                values[prefix + "memory_usage_megabytes"] = memory.used / BYTES_PER_MB
+                values[prefix + "memory_usage_percentage"] = 100.0 * memory.used / memory.total
+            power_mw = self._query(ordinal, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
+            if power_mw is not None:
+                values[prefix + "power_usage_watts"] = power_mw / 1000.0
+                limit_mw = self._query(ordinal, "power limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+                if limit_mw:
+                    values[prefix + "power_usage_percentage"] = 100.0 * power_mw / limit_mw
+            sensor = pynvml.NVML_TEMPERATURE_GPU
+            temperature = self._query(ordinal, "temperature", pynvml.nvmlDeviceGetTemperature, handle, sensor)
+            if temperature is not None:
+                values[prefix + "temperature_celsius"] = float(temperature)
+        return values
+
+    def _query(self, ordinal: int, what: str, query: Callable[..., Any], *args: Any) -> Any:
+        """``query(*args)``, or None when NVML refuses it; each refusal is logged once per GPU."""
+        try:
+            return query(*args)
+        except pynvml.NVMLError as error:
+            if (ordinal, what) not in self._reported_failures:
+                self._reported_failures.add((ordinal, what))
+                LOGGER.info("GPU %d does not report %s (%s); leaving it out.", ordinal, what, error)
+            return None
+
+
+def default_resources(disk_path: str = "/", gpu_ordinals: Iterable[int] | None = None) -> list[SystemResource]:
+    """The resources MLflow samples, plus the GPUs this job uses when NVML can read them."""
+    resources: list[SystemResource] = [
+        CpuResource(),
+        MemoryResource(),
+        DiskResource(disk_path),
+        NetworkResource(),
+    ]
+    if gpus := GpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_ordinals):
+        resources.append(gpus)
+    return resources
+
+
+class SystemMetricsSampler:
+    """Samples the resources every ``interval_s`` on a daemon thread and hands each sample to ``publish``.
+
+    ``publish(metrics, step)`` gets ``{"system/<name>": value}`` (``system/<node_id>/<name>`` with a
+    node id, MLflow's multi-node form) and ``step = step_fn()`` read at sampling time, so samples line
+    up with training steps. ``start()`` samples once right away so that even a short run has a sample,
+    ``stop()`` makes the thread take a last sample and exit. Nothing here raises into the caller: a
+    failing resource, ``step_fn`` or ``publish`` is logged once and sampling goes on.
+    Resources are built by ``start()``, so the CPU window and network counters begin there.
+    """
+
+    def __init__(
+        self,
+        publish: Callable[[dict[str, float], int], None],
+        step_fn: Callable[[], int],
+        interval_s: float = 10.0,
+        node_id: str | None = None,
+        gpu_ordinals: list[int] | None = None,
+        disk_path: str = "/",
+        extra_resources: Sequence[SystemResource] = (),
+    ) -> None:
+        self.publish = publish
+        self.step_fn = step_fn
+        self.interval_s = interval_s
+        self.prefix = f"system/{node_id}/" if node_id else "system/"
+        self.gpu_ordinals = gpu_ordinals
+        self.disk_path = disk_path
+        self.extra_resources = list(extra_resources)
+        self.resources: list[SystemResource] = []
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported_failures: set[str] = set()
+
+    def start(self) -> None:
+        """Build the resources, take the first sample now and start the sampling thread (once)."""
+        if self._thread is not None:
+            return
+        try:
+            self.resources = [*default_resources(self.disk_path, self.gpu_ordinals), *self.extra_resources]
+        except Exception as error:
+            self._report_once("building the default resources", error)
+            self.resources = list(self.extra_resources)
+        self._sample_and_publish()
+        self._thread = threading.Thread(target=self._run, name="SystemMetricsSampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Have the thread take a last sample and exit; waits at most ``timeout_s``; safe to call again."""
+        if self._thread is None or self._stop_event.is_set():
+            return
+        self._stop_event.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            LOGGER.warning("System metrics sampler did not stop within %.1f s; leaving it behind.", timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            stopping = self._stop_event.wait(self.interval_s)
+            self._sample_and_publish()
+
+    def _sample_and_publish(self) -> None:
+        metrics: dict[str, float] = {}
+        for resource in self.resources:
+            try:
+                metrics.update({self.prefix + name: value for name, value in resource.sample().items()})
+            except Exception as error:
+                self._report_once(f"resource {resource.name!r}", error)
+        try:
+            self.publish(metrics, self.step_fn())
+        except Exception as error:
+            self._report_once("publish", error)
+
+    def _report_once(self, what: str, error: Exception) -> None:
+        if what not in self._reported_failures:
+            self._reported_failures.add(what)
+            LOGGER.warning("System metrics: %s failed (%r); further failures are not logged.", what, error)
