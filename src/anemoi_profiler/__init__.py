@@ -1,25 +1,34 @@
-"""anemoi-profiler: how fast, memory-hungry and balanced Lightning training is, in MLflow and HTA."""
+"""anemoi-profiler: how fast, memory-hungry and balanced Lightning training is, in MLflow and HTA.
 
+Names are imported on first use, so `anemoi-profiler analyze` or `sync` do not pay for importing Lightning.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from .build import build_callbacks
-from .callbacks import ProfilerCallback, StepTimingCallback, SystemMetricsCallback, ThroughputCallback
-from .config import ConfigError, ProfilerConfig
-from .session import ProfilerSession
+from typing import Any
 
 try:
     __version__ = version("anemoi-profiler")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
     __version__ = "0.0.0"
 
-__all__ = [
-    "ConfigError",
-    "ProfilerCallback",
-    "ProfilerConfig",
-    "ProfilerSession",
-    "StepTimingCallback",
-    "SystemMetricsCallback",
-    "ThroughputCallback",
-    "__version__",
-    "build_callbacks",
-]
+_EXPORTS = {
+    "ConfigError": "config",
+    "ProfilerConfig": "config",
+    "ProfilerSession": "session",
+    "build_callbacks": "build",
+    "ProfilerCallback": "callbacks",
+    "StepTimingCallback": "callbacks",
+    "SystemMetricsCallback": "callbacks",
+    "ThroughputCallback": "callbacks",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'anemoi_profiler' has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)

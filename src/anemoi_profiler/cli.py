@@ -1,4 +1,4 @@
-"""The `anemoi-profiler` command: demo, config, sync (and more as they land)."""
+"""The `anemoi-profiler` command: demo, analyze, config, sync."""
 
 from __future__ import annotations
 
@@ -51,6 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arguments(show)
     show.set_defaults(handler=_show_config)
 
+    analyze = commands.add_parser(
+        "analyze",
+        help="run Holistic Trace Analysis over traces (needs the 'hta' extra)",
+        description="Run HTA over a trace folder, a run folder (every traces/<stage>/window_<k>/), or an MLflow "
+        "run id (its profiler/traces artifacts), print a summary and write tables as CSV/JSON.",
+    )
+    analyze.add_argument("target", help="trace folder, run folder, or MLflow run id")
+    analyze.add_argument("--output", help="where tables go (default: <target>/hta, or ./hta_<run id>)")
+    analyze.add_argument("--time-limit", type=float, default=300.0, help="seconds for all analyses (default: 300)")
+    analyze.add_argument(
+        "--tracking-uri", help="MLflow to download a run's traces from (default: $MLFLOW_TRACKING_URI)"
+    )
+    analyze.set_defaults(handler=_analyze)
+
     sync = commands.add_parser(
         "sync",
         help="send metrics and artifacts kept in a run folder's spool to MLflow",
@@ -86,6 +100,14 @@ def _demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-steps: got {args.max_steps}, expected an integer >= 1")
     run_demo(config, max_steps=args.max_steps, slow_data=args.slow_data)
     return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .analysis import run_analyze_cli
+
+    if args.time_limit <= 0:
+        raise ConfigError(f"--time-limit: got {args.time_limit}, expected seconds > 0")
+    return run_analyze_cli(args.target, args.output, args.time_limit, args.tracking_uri)
 
 
 def _show_config(args: argparse.Namespace) -> int:

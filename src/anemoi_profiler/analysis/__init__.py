@@ -1,0 +1,37 @@
+"""Holistic Trace Analysis (HTA) over the profiler's trace folders, for the CLI, callbacks and notebooks.
+
+Importing this package does not import HTA: it is an optional dependency (`anemoi-profiler[hta]`) and
+runs in a child process.
+"""
+
+from __future__ import annotations
+
+from anemoi_profiler.analysis.analyze_command import run_analyze_cli
+from anemoi_profiler.analysis.hta_runner import (
+    HtaNotInstalledError,
+    analyze,
+    analyze_window,
+    format_summary,
+    plan_analyses,
+)
+from anemoi_profiler.analysis.preflight import (
+    NoTracesError,
+    TraceError,
+    WindowCheck,
+    check_window,
+    find_window_dirs,
+)
+
+__all__ = [
+    "HtaNotInstalledError",
+    "NoTracesError",
+    "TraceError",
+    "WindowCheck",
+    "analyze",
+    "analyze_window",
+    "check_window",
+    "find_window_dirs",
+    "format_summary",
+    "plan_analyses",
+    "run_analyze_cli",
+]

@@ -1,0 +1,336 @@
+"""Run HTA over trace folders within a time limit, and say what ran, what was skipped and why.
+
+Each window's analyses run in one child process (see `hta_worker`), which is killed when the time limit
+is reached: HTA has no time limit of its own and can take minutes on a large trace. Results go to
+`<out_dir>/<stage>/window_<k>/` (or `<out_dir>/` for a plain trace folder) as CSV and JSON tables, and
+a `summary.json` is always left behind.
+
+Metric names: a window's summary holds `hta/rank<r>/<name>` (and `hta/all_ranks/<name>`), what a
+callback logs for the window it just traced; `analyze()` over a run folder also gathers them all as
+`hta/<stage>/window_<k>/rank<r>/<name>` so that windows do not overwrite each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from anemoi_profiler.analysis import hta_worker
+from anemoi_profiler.analysis.hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
+from anemoi_profiler.analysis.preflight import (
+    NoTracesError,
+    WindowCheck,
+    check_window,
+    find_window_dirs,
+    format_ranks,
+    window_name,
+)
+
+HTA_INSTALL_HINT = 'pip install "anemoi-profiler[hta]"'
+DEFAULT_TIME_LIMIT_S = 300.0
+SUMMARY_FILE = "summary.json"
+LOG_FILE = "hta.log"
+
+NO_GPU_KERNELS = "no GPU kernels in the trace (CPU-only profile)"
+NO_NCCL_KERNELS = "no NCCL kernels (single process, or communication off the GPU)"
+NO_MEMORY_COPIES = "no memcpy/memset events"
+NO_CUDA_SYNC = (
+    "no CUDA synchronization events; record them with torch.profiler.profile(experimental_config="
+    "torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True))"
+)
+NO_PROFILER_STEP = "no ProfilerStep annotation to pick a step from"
+MAX_RANK_ROWS = 8
+MAX_KERNEL_NAME = 90
+
+
+class HtaNotInstalledError(ImportError):
+    """HTA (`import hta`) is missing; the message says how to install it."""
+
+
+def require_hta() -> None:
+    try:
+        spec = importlib.util.find_spec("hta.trace_analysis")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise HtaNotInstalledError(f"Holistic Trace Analysis is not installed: {HTA_INSTALL_HINT}")
+
+
+def plan_analyses(check: WindowCheck) -> tuple[list[str], dict[str, str]]:
+    """The analyses the traces can support, and a one-line reason for each one they cannot."""
+    if not check.gpu_kernels:
+        return [], dict.fromkeys(ANALYSIS_NAMES, NO_GPU_KERNELS)
+    skipped = {}
+    if not check.nccl_kernels:
+        skipped["comm_comp_overlap"] = NO_NCCL_KERNELS
+    if not check.memory_copies:
+        skipped["memory_bw_summary"] = NO_MEMORY_COPIES
+    if not check.cuda_sync_events:
+        skipped["critical_path"] = NO_CUDA_SYNC
+    elif not check.profiler_steps:
+        skipped["critical_path"] = NO_PROFILER_STEP
+    return [name for name in ANALYSIS_NAMES if name not in skipped], skipped
+
+
+def analyze_window(folder: Path, out_dir: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> dict[str, Any]:
+    """Analyse one trace folder (one file per rank); raise TraceError naming a corrupt file."""
+    deadline = time.monotonic() + time_limit_s
+    check = check_window(Path(folder))
+    require_hta()
+    return _analyze_checked(check, Path(out_dir), deadline, time_limit_s, window="")
+
+
+def analyze(target: Path, out_dir: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> dict[str, Any]:
+    """Analyse every window of a run folder, or one plain trace folder, within one time limit in all.
+
+    Every file is checked before HTA starts, so that a corrupt file fails in seconds, not after minutes.
+    """
+    started = time.monotonic()
+    target, out_dir = Path(target), Path(out_dir)
+    windows = find_window_dirs(target)
+    if not windows:
+        raise NoTracesError(f"no trace files (*.json, *.json.gz) in {target} or below it")
+    checks = [check_window(folder) for folder in windows]
+    require_hta()
+    summaries = []
+    metrics: dict[str, float] = {}
+    for check in checks:
+        name = window_name(check.folder, target)
+        window = _analyze_checked(
+            check, out_dir / name if name else out_dir, started + time_limit_s, time_limit_s, window=name
+        )
+        summaries.append(window)
+        metrics.update(_prefixed(window["metrics"], name))
+    summary = {
+        "target": str(target),
+        "out_dir": str(out_dir),
+        "time_limit_s": time_limit_s,
+        "seconds": round(time.monotonic() - started, 2),
+        "windows": summaries,
+        "metrics": metrics,
+    }
+    write_summary(out_dir, summary)
+    return summary
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Plain text for the console: per window the ranks, idle and overlap per rank, the top kernels,
+    and what was skipped or failed and why. Takes `analyze()`'s or `analyze_window()`'s summary."""
+    lines = []
+    if "windows" in summary:
+        lines.append(
+            f"HTA analysis of {summary['target']}: {len(summary['windows'])} window(s) "
+            f"in {summary['seconds']:.1f} s, results in {summary['out_dir']}"
+        )
+    for window in summary.get("windows", [summary]):
+        lines.extend(_format_window(window))
+    return "\n".join(lines)
+
+
+def _analyze_checked(
+    check: WindowCheck, out_dir: Path, deadline: float, time_limit_s: float, window: str
+) -> dict[str, Any]:
+    started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_previous_results(out_dir)
+    to_run, skipped = plan_analyses(check)
+    summary: dict[str, Any] = {
+        "window": window,
+        "folder": str(check.folder),
+        "out_dir": str(out_dir),
+        **check.as_dict(),
+        "warnings": check.warnings,
+        "ran": [],
+        "skipped": skipped,
+        "failed": {},
+        "metrics": {},
+        "top_kernels": [],
+        "analysis_seconds": {},
+    }
+    if to_run:
+        records, timed_out, exit_code = _run_worker(check, to_run, out_dir, deadline)
+        _merge_records(summary, to_run, records, timed_out, exit_code, time_limit_s)
+    summary["tables"] = [name for name in TABLE_NAMES if (out_dir / f"{name}.csv").exists()]
+    summary["seconds"] = round(time.monotonic() - started, 2)
+    write_summary(out_dir, summary)
+    return summary
+
+
+def _run_worker(
+    check: WindowCheck, to_run: list[str], out_dir: Path, deadline: float
+) -> tuple[list[dict[str, Any]], bool, int | None]:
+    """Run the analyses in a child process in its own process group; kill the group at the deadline.
+
+    The worker runs as a script, not with `-m`: that would import `anemoi_profiler` (torch, Lightning)
+    first and spend seconds of the time limit before HTA starts."""
+    timeout = deadline - time.monotonic()
+    if timeout <= 0:
+        return [], True, None
+    plan = {
+        "folder": str(check.folder),
+        "out_dir": str(out_dir),
+        "trace_files": {str(rank): str(path) for rank, path in check.trace_files.items()},
+        "analyses": to_run,
+        "nccl_kernel_names": check.nccl_kernel_names,
+        # HTA drops the last step; skip the first too when a middle one remains (it misses events).
+        "critical_path_step": 1 if check.profiler_steps >= 3 else 0,
+    }
+    progress = out_dir / PROGRESS_FILE
+    progress.unlink(missing_ok=True)
+    timed_out = False
+    with (out_dir / LOG_FILE).open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, hta_worker.__file__],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            process.communicate(json.dumps(plan).encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also on KeyboardInterrupt: the child is in its own session and would outlive us
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    records = _read_progress(progress)
+    progress.unlink(missing_ok=True)
+    return records, timed_out, None if timed_out else process.returncode
+
+
+def _merge_records(
+    summary: dict[str, Any],
+    to_run: list[str],
+    records: list[dict[str, Any]],
+    timed_out: bool,
+    exit_code: int | None,
+    time_limit_s: float,
+) -> None:
+    for record in records:
+        if "warning" in record:
+            summary["warnings"].append(record["warning"])
+            continue
+        name = record["analysis"]
+        if "seconds" in record:
+            summary["analysis_seconds"][name] = record["seconds"]
+        if record["status"] == "failed":
+            summary["failed"][name] = record["error"]
+        elif name != LOAD_STEP:
+            summary["ran"].append(name)
+            summary["metrics"].update(record["metrics"])
+            summary["warnings"].extend(f"{name}: {warning}" for warning in record["warnings"])
+            summary["top_kernels"] = record["top_kernels"] or summary["top_kernels"]
+    finished = {record.get("analysis") for record in records}
+    for name in to_run:
+        if name in finished:
+            continue
+        if timed_out:
+            summary["skipped"][name] = f"time limit of {time_limit_s:g} s reached"
+        elif LOAD_STEP in summary["failed"]:
+            summary["skipped"][name] = "HTA could not load the traces"
+        else:
+            summary["failed"][name] = f"HTA process ended (exit code {exit_code}) before it; see {LOG_FILE}"
+
+
+def _read_progress(progress: Path) -> list[dict[str, Any]]:
+    if not progress.exists():
+        return []
+    records = []
+    for line in progress.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by the kill
+            records.append(json.loads(line))
+    return records
+
+
+def _remove_previous_results(out_dir: Path) -> None:
+    """Only the files we write, so that a stale table never passes for a fresh one."""
+    for name in TABLE_NAMES:
+        for suffix in (".csv", ".json"):
+            (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
+    for name in (SUMMARY_FILE, LOG_FILE, PROGRESS_FILE):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def _prefixed(metrics: dict[str, float], window: str) -> dict[str, float]:
+    if not window:
+        return dict(metrics)
+    return {f"hta/{window}/{key.removeprefix('hta/')}": value for key, value in metrics.items()}
+
+
+def _format_window(window: dict[str, Any]) -> list[str]:
+    ranks = window["ranks"]
+    title = window.get("window") or window["folder"]
+    of_world = f" of {window['world_size']}" if window.get("world_size") not in (None, len(ranks)) else ""
+    lines = [f"{title}: {'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}{of_world}"]
+    lines.extend(_format_rank_table(window["metrics"], ranks))
+    kernel_share = {
+        key.rsplit("/", 1)[1].removesuffix("_kernel_time_pct"): value
+        for key, value in window["metrics"].items()
+        if key.startswith("hta/all_ranks/") and key.endswith("_kernel_time_pct")
+    }
+    if kernel_share:
+        shares = ", ".join(f"{kind} {pct:.1f}%" for kind, pct in kernel_share.items())
+        lines.append(f"  GPU kernel time (all ranks): {shares}")
+    if window["top_kernels"]:
+        lines.append("  top kernels (share of GPU kernel time, all ranks):")
+        for kernel in window["top_kernels"]:
+            name = _shorten(kernel["name"], MAX_KERNEL_NAME)
+            share, kind = kernel["pct_of_kernel_time"], kernel["kernel_type"].lower()
+            lines.append(f"    {share:5.1f}%  {kind:<13} {name}")
+    if window["ran"]:
+        lines.append(f"  ran: {', '.join(window['ran'])}")
+    lines.extend(f"  skipped {name}: {reason}" for name, reason in window["skipped"].items())
+    lines.extend(f"  FAILED {name}: {error}" for name, error in window["failed"].items())
+    lines.extend(f"  warning: {warning}" for warning in window["warnings"])
+    lines.append(f"  tables: {window['out_dir']}")
+    return lines
+
+
+_RANK_COLUMNS = {
+    "idle_pct": "idle %",
+    "compute_pct": "compute %",
+    "non_compute_pct": "non-compute %",
+    "comm_comp_overlap_pct": "comm/comp overlap %",
+    "kernel_launch_delay_median_us": "launch delay p50 us",
+}
+
+
+def _format_rank_table(metrics: dict[str, float], ranks: list[int]) -> list[str]:
+    columns = [c for c in _RANK_COLUMNS if any(f"hta/rank{r}/{c}" in metrics for r in ranks)]
+    if not columns:
+        return []
+    widths = [len(_RANK_COLUMNS[c]) for c in columns]
+    rows = ["  rank " + " ".join(_RANK_COLUMNS[c] for c in columns)]
+    for rank in ranks[:MAX_RANK_ROWS]:
+        values = [metrics.get(f"hta/rank{rank}/{c}") for c in columns]
+        cells = ["-" if value is None else f"{value:.1f}" for value in values]
+        rows.append(f"  {rank:>4} " + " ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
+    if len(ranks) > MAX_RANK_ROWS:
+        rows.append(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks in temporal_breakdown.csv")
+        idle = {r: metrics[f"hta/rank{r}/idle_pct"] for r in ranks if f"hta/rank{r}/idle_pct" in metrics}
+        if idle:
+            busiest, idlest = min(idle, key=idle.get), max(idle, key=idle.get)
+            rows.append(
+                f"  most idle: rank {idlest} ({idle[idlest]:.1f}%), least: rank {busiest} ({idle[busiest]:.1f}%)"
+            )
+    return rows
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
