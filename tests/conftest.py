@@ -28,6 +28,11 @@ def sqlite_uri(tmp_path: Path) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLFlowLogger calls mlflow.set_tracking_uri, which also sets $MLFLOW_TRACKING_URI for the process."""
+def _isolated_mlflow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each test in its own folder, with no tracking URI inherited.
+
+    MLFlowLogger calls mlflow.set_tracking_uri, which also sets $MLFLOW_TRACKING_URI for the process, and
+    experiments it creates on sqlite keep artifacts in ./mlruns of the working directory.
+    """
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)

@@ -26,147 +26,162 @@ class ConfigError(ValueError):
     """A configuration problem, worded for the person who wrote the config."""
 
 
+def _opt(default: Any, help: str) -> Any:
+    """A config field with its help text; docs/configuration.md is generated from these."""
+    if isinstance(default, type) or callable(default):
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrackingConfig:
-    """Where metrics and artifacts go (see `tracking.uri` resolution in the README)."""
+    """Where metrics and artifacts go."""
 
-    enabled: bool = True
-    # None: the trainer's MLFlowLogger, else $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db.
-    uri: str | None = None
-    experiment: str = "anemoi-profiler"
-    run_name: str | None = None
-    # How often the background thread sends queued metrics; the training thread never waits for it.
-    flush_interval_s: float = 5.0
-    # How often sending is retried (spool replayed) while the server does not answer.
-    retry_interval_s: float = 30.0
-    # Longest time the end of a run waits for MLflow before leaving the rest in the spool.
-    close_timeout_s: float = 30.0
-    upload_artifacts: bool = True
+    enabled: bool = _opt(True, "Send metrics, params and artifacts to MLflow (the run folder is written either way).")
+    uri: str | None = _opt(
+        None,
+        "MLflow tracking URI. null: the trainer's MLFlowLogger, else $MLFLOW_TRACKING_URI, else "
+        "sqlite:///<output_dir>/mlflow.db.",
+    )
+    experiment: str = _opt("anemoi-profiler", "Experiment of the run the profiler opens when there is no MLFlowLogger.")
+    run_name: str | None = _opt(None, "Name of that run; null: the run folder's name.")
+    flush_interval_s: float = _opt(
+        5.0, "Seconds between sends from the background thread; the training thread never waits for them."
+    )
+    retry_interval_s: float = _opt(30.0, "Seconds between retries while MLflow does not answer.")
+    close_timeout_s: float = _opt(
+        30.0, "Longest wait for MLflow at the end of the run; what is left stays in <run folder>/spool/."
+    )
+    upload_artifacts: bool = _opt(True, "Upload the run folder to the MLflow run under profiler/.")
 
 
 @dataclass
 class ThroughputConfig:
-    """Samples/batches/items per second and MFU, measured without a device sync per step."""
+    """Samples, batches and items per second and MFU, measured without a device sync per step."""
 
-    enabled: bool = True
-    # Batches at the start of the fit that are not measured (compilation, allocator and cache warmup).
-    warmup_steps: int = 5
-    # "package.module:function" taking a batch and returning its number of items (tokens, points, ...).
-    length_fn: str | None = None
-    # "package.module:function" taking a batch and returning its number of samples (default: dim 0).
-    batch_size_fn: str | None = None
-    # Forward+backward FLOPs of one sample; None measures them once with torch's FlopCounterMode
-    # when `measure_flops` is on and the device peak is known.
-    flops_per_sample: float | None = None
-    measure_flops: bool = True
-    # Peak dense FLOP/s of one device for the training precision; None looks it up (H100/H200/A100/L4/B200 ...).
-    device_peak_flops: float | None = None
+    enabled: bool = _opt(True, "Log throughput/{train,val}/... and summary/... rates.")
+    warmup_steps: int = _opt(5, "First training batches not measured (compilation, allocator and cache warmup).")
+    length_fn: str | None = _opt(
+        None, "'package.module:function' giving the items (tokens, grid points) in a batch, for items_per_sec."
+    )
+    batch_size_fn: str | None = _opt(
+        None, "'package.module:function' giving the samples in a batch; null: dim 0 of the first tensor found."
+    )
+    flops_per_sample: float | None = _opt(
+        None, "Forward+backward FLOPs of one sample; null: measured once on a real batch when the peak is known."
+    )
+    measure_flops: bool = _opt(True, "Measure FLOPs per sample with torch's FlopCounterMode on the first batch.")
+    device_peak_flops: float | None = _opt(
+        None, "Dense peak FLOP/s of one device; null: looked up (H100, H200, A100, L4, L40S, B200) for the precision."
+    )
 
 
 @dataclass
 class TimingConfig:
     """Step time, dataloader wait and peak memory per log interval."""
 
-    enabled: bool = True
+    enabled: bool = _opt(True, "Log time/... and memory/... per log interval.")
 
 
 @dataclass
 class SystemConfig:
     """CPU, memory, disk, network and per-GPU metrics from a background thread, under MLflow's names."""
 
-    enabled: bool = True
-    interval_s: float = 10.0
-    gpus: bool = True
-    disk_path: str = "/"
+    enabled: bool = _opt(True, "Sample system metrics (one sampler per node, on local rank 0).")
+    interval_s: float = _opt(10.0, "Seconds between samples; one more is taken at the start and at the end.")
+    gpus: bool = _opt(True, "Include this job's GPUs through NVML (needs the gpu extra: nvidia-ml-py).")
+    disk_path: str = _opt("/", "Filesystem whose usage is reported.")
 
 
 @dataclass
 class WindowConfig:
-    """A torch.profiler schedule: skip `skip_first` batches, then `repeat` cycles of wait/warmup/active.
+    """A torch.profiler schedule: skip `skip_first` batches, then `repeat` cycles of wait, warmup, active."""
 
-    Only `active` batches are recorded; `repeat: 0` repeats until the stage ends.
-    """
-
-    skip_first: int = 10
-    wait: int = 5
-    warmup: int = 2
-    active: int = 3
-    repeat: int = 1
+    skip_first: int = _opt(10, "Batches skipped before the first cycle.")
+    wait: int = _opt(5, "Batches idle at the start of each cycle.")
+    warmup: int = _opt(2, "Batches traced but discarded before the active ones.")
+    active: int = _opt(3, "Batches recorded per window.")
+    repeat: int = _opt(1, "Number of windows; 0 repeats until the stage ends.")
 
 
 @dataclass
 class TorchProfilerConfig:
     """Profiling windows with torch.profiler: traces, time report, memory report."""
 
-    enabled: bool = False
-    train: WindowConfig = field(default_factory=WindowConfig)
-    # Validation batches are counted per validation run; the sanity check is never profiled.
-    validation: bool = True
-    val: WindowConfig = field(default_factory=lambda: WindowConfig(skip_first=0, wait=0, warmup=1, active=2, repeat=1))
-    record_shapes: bool = True
-    profile_memory: bool = True
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    # Record CUDA synchronization events, which HTA's critical-path analysis needs.
-    sync_events: bool = True
-    traces: bool = True
-    # Warn before a window whose trace would exceed this many MB (uncompressed JSON); skip writing above 4x.
-    trace_budget_mb: float = 300.0
-    # Upload traces to MLflow when their total stays below this; the run folder always keeps them.
-    upload_traces_max_mb: float = 200.0
-    time_report: bool = True
-    memory_report: bool = True
-    # memory/timeline_rank<r>.html via export_memory_timeline (CUDA only; slow on long windows).
-    memory_timeline: bool = False
-    top_n: int = 30
+    enabled: bool = _opt(False, "Run torch.profiler windows.")
+    train: WindowConfig = _opt(WindowConfig, "Training schedule, counted in training batches.")
+    validation: bool = _opt(True, "Also profile validation (never the sanity check).")
+    val: WindowConfig = _opt(
+        lambda: WindowConfig(skip_first=0, wait=0, warmup=1, active=2, repeat=1),
+        "Validation schedule, counted in batches of each validation run.",
+    )
+    record_shapes: bool = _opt(True, "Record input shapes of operators.")
+    profile_memory: bool = _opt(True, "Record allocations per operator (the memory report needs it).")
+    with_stack: bool = _opt(False, "Record Python stacks (large traces).")
+    with_flops: bool = _opt(False, "Estimate FLOPs of matmuls and convolutions.")
+    with_modules: bool = _opt(False, "Record the nn.Module hierarchy of operators.")
+    sync_events: bool = _opt(True, "Record CUDA synchronization events, which HTA's critical-path analysis needs.")
+    traces: bool = _opt(True, "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz).")
+    trace_budget_mb: float = _opt(
+        300.0, "Warn before a window whose uncompressed trace would exceed this; above 4x it is not written."
+    )
+    upload_traces_max_mb: float = _opt(
+        200.0, "Upload traces to MLflow only while their total stays below this; the run folder keeps them all."
+    )
+    time_report: bool = _opt(True, "Write time_report.{csv,json}: top operators by CPU and device time.")
+    memory_report: bool = _opt(True, "Write memory_report.{txt,csv,json}: allocations per operator, explained.")
+    memory_timeline: bool = _opt(
+        False, "Write memory/timeline_rank<r>.html with export_memory_timeline (CUDA only; slow on long windows)."
+    )
+    top_n: int = _opt(30, "Operators per table.")
 
 
 @dataclass
 class MemorySnapshotConfig:
     """CUDA caching-allocator snapshot (open at pytorch.org/memory_viz); also dumped when the run dies."""
 
-    enabled: bool = False
-    # Record allocation history from this training batch, for `steps` batches.
-    start_step: int = 5
-    steps: int = 3
-    max_entries: int = 100000
-    on_exception: bool = True
+    enabled: bool = _opt(False, "Record allocation history and dump memory/snapshot_rank<r>.pickle (CUDA only).")
+    start_step: int = _opt(5, "Training batch at which recording starts.")
+    steps: int = _opt(3, "Batches recorded.")
+    max_entries: int = _opt(100000, "Allocation events kept in the history.")
+    on_exception: bool = _opt(True, "Also dump a snapshot when the run dies (out of memory or any exception).")
 
 
 @dataclass
 class ModelSummaryConfig:
     """torchinfo summary of the model on a real batch (rank 0)."""
 
-    enabled: bool = True
-    depth: int = 3
+    enabled: bool = _opt(False, "Write model_summary.txt and model/... params.")
+    depth: int = _opt(3, "Module nesting depth shown.")
 
 
 @dataclass
 class ReportConfig:
     """The end-of-run report: which renderings to make."""
 
-    console: bool = True
-    txt: bool = True
-    json: bool = True
+    console: bool = _opt(True, "Print the report at the end of the run.")
+    txt: bool = _opt(True, "Write report.txt.")
+    json: bool = _opt(True, "Write report.json.")
 
 
 @dataclass
 class ProfilerConfig:
-    """Root of the configuration. Keys are documented in docs/configuration.md."""
+    """Root of the configuration."""
 
-    # Run folders are created below this: <output_dir>/<YYYYmmdd-HHMMSS>_<config hash>/.
-    output_dir: str = "profiler_runs"
-    # Rates, times and peaks are aggregated and logged every this many training batches.
-    log_every_n_steps: int = 50
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    system: SystemConfig = field(default_factory=SystemConfig)
-    profiler: TorchProfilerConfig = field(default_factory=TorchProfilerConfig)
-    memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
-    model_summary: ModelSummaryConfig = field(default_factory=ModelSummaryConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
+    output_dir: str = _opt(
+        "profiler_runs", "Run folders <YYYYmmdd-HHMMSS>_<config hash>/ go below it, and the embedded mlflow.db."
+    )
+    log_every_n_steps: int = _opt(
+        50, "Training batches per log interval: rates, times and peaks are aggregated over it."
+    )
+    tracking: TrackingConfig = _opt(TrackingConfig, TrackingConfig.__doc__)
+    throughput: ThroughputConfig = _opt(ThroughputConfig, ThroughputConfig.__doc__)
+    timing: TimingConfig = _opt(TimingConfig, TimingConfig.__doc__)
+    system: SystemConfig = _opt(SystemConfig, SystemConfig.__doc__)
+    profiler: TorchProfilerConfig = _opt(TorchProfilerConfig, TorchProfilerConfig.__doc__)
+    memory_snapshot: MemorySnapshotConfig = _opt(MemorySnapshotConfig, MemorySnapshotConfig.__doc__)
+    model_summary: ModelSummaryConfig = _opt(ModelSummaryConfig, ModelSummaryConfig.__doc__)
+    report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
 
     @classmethod
     def load(
@@ -236,6 +251,20 @@ class ProfilerConfig:
     def fingerprint(self) -> str:
         """8 hex digits identifying the resolved config, used in run folder names."""
         return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:8]
+
+
+def reference(node: Any = None, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, help) for every leaf key, for docs/configuration.md and `config --explain`."""
+    node = ProfilerConfig() if node is None else node
+    rows = []
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            rows += reference(value, f"{prefix}{item.name}.")
+        else:
+            kind = str(item.type).replace(" | None", " or null")
+            rows.append((f"{prefix}{item.name}", kind, value, item.metadata.get("help", "")))
+    return rows
 
 
 def preset_path(name: str) -> Path:

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover
 
 from .build import build_callbacks
 from .config import ProfilerConfig
-from .tracking import resolve_tracking_uri
+from .tracking import artifact_location_for, resolve_tracking_uri
 
 
 class SyntheticSequences(Dataset):
@@ -79,10 +79,12 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
     val = DataLoader(SyntheticSequences(8 * batch_size), batch_size)
     logger: Any = False
     if config.tracking.enabled:
+        tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
         logger = MLFlowLogger(
             experiment_name=config.tracking.experiment,
-            tracking_uri=resolve_tracking_uri(config.tracking.uri, None, config.output_dir),
+            tracking_uri=tracking_uri,
             run_name=config.tracking.run_name or "demo",
+            artifact_location=artifact_location_for(tracking_uri),
         )
     trainer = pl.Trainer(
         max_steps=max_steps,

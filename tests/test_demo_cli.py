@@ -1,0 +1,61 @@
+"""`anemoi-profiler demo` end to end, as a user runs it: a real process and the embedded sqlite store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+
+@pytest.mark.slow
+def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_path: Path) -> None:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    result = subprocess.run(
+        ["anemoi-profiler", "demo", "--max-steps", "40", "--output-dir", "out", "log_every_n_steps=10",
+         "system.interval_s=1", "throughput.warmup_steps=3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    database = (tmp_path / "out" / "mlflow.db").resolve()
+    assert f"mlflow ui --backend-store-uri sqlite:///{database}" in result.stdout
+    assert "anemoi-profiler report" in result.stdout and "Throughput" in result.stdout
+    assert not (tmp_path / "mlruns").exists()  # nothing in the refused file store, nothing in the cwd
+
+    client = MlflowClient(f"sqlite:///{database}")
+    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert run.info.status == "FINISHED"
+    for key in (
+        "throughput/train/samples_per_sec",
+        "throughput/train/items_per_sec",
+        "throughput/val/samples_per_sec",
+        "time/train/step_ms",
+        "time/train/dataloader_wait_ms",
+        "time/val/step_ms",
+        "memory/cpu_rss_mb",
+        "system/cpu_utilization_percentage",
+        "summary/train/samples_per_sec",
+        "summary/val/samples_per_sec",
+        "summary/train/step_ms",
+        "train/loss",
+    ):
+        assert key in run.data.metrics, key
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "profiler")}
+    assert {
+        "profiler/config.yaml",
+        "profiler/environment.json",
+        "profiler/report.txt",
+        "profiler/report.json",
+    } <= artifacts
+    assert (tmp_path / "out" / "mlartifacts").is_dir()
+
+
+def test_help_reads_well() -> None:
+    result = subprocess.run(["anemoi-profiler", "--help"], capture_output=True, text=True, check=True)
+    for command in ("demo", "analyze", "config", "sync"):
+        assert command in result.stdout
+    demo = subprocess.run(["anemoi-profiler", "demo", "--help"], capture_output=True, text=True, check=True)
+    assert "--max-steps" in demo.stdout and "--preset" in demo.stdout and "key=value" in demo.stdout
