@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.session import run_folders
 from lightning_models import TinyRegressor, loaders, trainer
 
 ALWAYS_ON = [
@@ -47,7 +48,7 @@ def config_for(tmp_path: Path, *overrides: str) -> ProfilerConfig:
 
 
 def only_run_folder(tmp_path: Path) -> Path:
-    folders = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    folders = run_folders(tmp_path / "runs")
     assert len(folders) == 1, folders
     return folders[0]
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from anemoi_profiler import ProfilerConfig, ThroughputCallback
 from anemoi_profiler.callbacks.intervals import batch_size_of
 from anemoi_profiler.flops import dense_peak_flops
+from anemoi_profiler.session import run_folders
 from lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -60,7 +61,7 @@ class SlowValidation(TinyRegressor):
 
 
 def read_report(output_dir: Path) -> dict[str, Any]:
-    (folder,) = [p for p in output_dir.iterdir() if p.is_dir()]
+    (folder,) = run_folders(output_dir)
     return json.loads((folder / "report.json").read_text())
 
 

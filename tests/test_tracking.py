@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli import main
+from anemoi_profiler.session import run_folders
 from anemoi_profiler.tracking import TrackingSink, pending_batches, resolve_tracking_uri
 from lightning_models import TinyRegressor, loaders, trainer
 from mlflow_server import MlflowServer, free_port
@@ -67,7 +68,7 @@ def test_unreachable_server_never_blocks_training_and_sync_replays_exactly_once(
     started = time.perf_counter()
     fit.fit(TinyRegressor(), train)
     assert time.perf_counter() - started < 60
-    (folder,) = (tmp_path / "runs").iterdir()
+    (folder,) = run_folders(tmp_path / "runs")
     assert pending_batches(folder / "spool" / "rank0"), "nothing was spooled"
 
     target = f"sqlite:///{tmp_path / 'replayed.db'}"
@@ -151,7 +152,7 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "throughput/train/samples_per_sec")]
         assert steps == list(range(2, 31, 2))  # none lost while the server was down, none duplicated
         assert {a.path for a in client.list_artifacts(run.info.run_id, "profiler")} >= {"profiler/report.json"}
-        (folder,) = (tmp_path / "runs").iterdir()
+        (folder,) = run_folders(tmp_path / "runs")
         assert not pending_batches(folder / "spool" / "rank0")
     finally:
         server.stop()

@@ -156,6 +156,16 @@ class ModelSummaryConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Multi-process runs (DDP, FSDP; Lightning's launcher, torchrun, SLURM)."""
+
+    profiled_ranks: Any = _opt("all", "Global ranks that run torch.profiler windows: 'all' or a list such as [0, 1].")
+    timeout_s: float = _opt(
+        120.0, "Timeout of the profiler's own collectives; a dead rank never freezes the others in profiler code."
+    )
+
+
+@dataclass
 class ReportConfig:
     """The end-of-run report: which renderings to make."""
 
@@ -181,6 +191,7 @@ class ProfilerConfig:
     profiler: TorchProfilerConfig = _opt(TorchProfilerConfig, TorchProfilerConfig.__doc__)
     memory_snapshot: MemorySnapshotConfig = _opt(MemorySnapshotConfig, MemorySnapshotConfig.__doc__)
     model_summary: ModelSummaryConfig = _opt(ModelSummaryConfig, ModelSummaryConfig.__doc__)
+    distributed: DistributedConfig = _opt(DistributedConfig, DistributedConfig.__doc__)
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
 
     @classmethod
@@ -238,9 +249,20 @@ class ProfilerConfig:
         for name in ("length_fn", "batch_size_fn"):
             value = getattr(self.throughput, name)
             checks.append((f"throughput.{name}", value is None or ":" in value, "null or 'package.module:function'"))
+        ranks = self.distributed.profiled_ranks
+        ranks_ok = ranks == "all" or (
+            isinstance(ranks, Iterable)
+            and not isinstance(ranks, str)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
+        )
+        checks.append(("distributed.profiled_ranks", ranks_ok, "'all' or a list of global ranks >= 0"))
+        checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
         for key, ok, allowed in checks:
             if not ok:
                 raise ConfigError(f"{key}: got {_value_at(self, key)!r}, expected {allowed}")
+
+    def is_profiled_rank(self, rank: int) -> bool:
+        return self.distributed.profiled_ranks == "all" or rank in self.distributed.profiled_ranks
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(OmegaConf.structured(self))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from . import trainer_info
 from .config import ProfilerConfig
+from .distributed import RankExchange
 from .environment import collect_environment
 from .redaction import redact, redact_uri
 from .report import ReportSection, RunReport
@@ -39,6 +41,12 @@ def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
     raise FileExistsError(f"could not create a new run folder below {output_dir}")
 
 
+def run_folders(output_dir: Path) -> list[Path]:
+    """The run folders below `output_dir`, oldest first (the names sort by time)."""
+    pattern = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
+    return sorted(p for p in Path(output_dir).iterdir() if p.is_dir() and pattern.match(p.name))
+
+
 class ProfilerSession:
     def __init__(self, config: ProfilerConfig | None = None) -> None:
         self.config = config or ProfilerConfig()
@@ -54,6 +62,12 @@ class ProfilerSession:
         self._summary_metrics: dict[str, float] = {}
         self._started = 0.0
         self._status = "FINISHED"
+        self.exchange = RankExchange(self.config.distributed.timeout_s)
+
+    @property
+    def failed(self) -> bool:
+        """True once any member ended with an error: ranks may be out of step, so no more collectives."""
+        return self._status != "FINISHED"
 
     @property
     def active(self) -> bool:
@@ -70,6 +84,9 @@ class ProfilerSession:
             self._start(trainer)
         self._members.add(id(member))
 
+    def mark_failed(self, status: str) -> None:
+        self._status = status
+
     def release(self, trainer: Any, member: object, status: str = "FINISHED") -> None:
         """Leave the session; the last member to leave finishes it with the worst status seen."""
         if id(member) not in self._members:
@@ -84,6 +101,7 @@ class ProfilerSession:
         self.global_rank = trainer_info.global_rank(trainer)
         self.local_rank = trainer_info.local_rank(trainer)
         self.world_size = trainer_info.world_size(trainer)
+        self.exchange = RankExchange(self.config.distributed.timeout_s)
         self._started = time.time()
         self._status = "FINISHED"
         self._summary_metrics = {}

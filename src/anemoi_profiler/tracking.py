@@ -104,7 +104,11 @@ class MlflowTarget:
             return self.run_id
         client = self.client()
         experiment = client.get_experiment_by_name(self.info["experiment"])
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.info["experiment"])
+        if experiment is None:
+            location = artifact_location_for(self.tracking_uri)
+            experiment_id = client.create_experiment(self.info["experiment"], artifact_location=location)
+        else:
+            experiment_id = experiment.experiment_id
         run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
         self.info["run_id"] = run.info.run_id
         self.info["experiment_id"] = experiment_id

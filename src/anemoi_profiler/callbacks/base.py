@@ -71,6 +71,8 @@ class ProfilerCallback(Callback):
         self.on_session_start(trainer, pl_module)
 
     def _end(self, trainer: Any, status: str) -> None:
+        if status != "FINISHED":
+            self.session.mark_failed(status)
         try:
             if not self.disabled:
                 section, summary = self.summarize(trainer)

@@ -17,15 +17,15 @@ from .base import ProfilerCallback, guarded
 from .intervals import Lap, StageMeter, resolve
 
 STAGES = ("train", "val")
+# What each rank contributes per exchange, in this order.
+TOTAL_KEYS = ("batches", "samples", "items", "wait_s", "elapsed_s")
 
 
 class StageCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         device = trainer_info.root_device(trainer)
         self.meters = {stage: StageMeter(device) for stage in STAGES}
-        self.totals = {
-            stage: {"batches": 0, "samples": 0, "items": 0, "wait_s": 0.0, "elapsed_s": 0.0} for stage in STAGES
-        }
+        self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
         self.train_batches_seen = 0
         self._last_batch_end: float | None = None
         self._batch_start = 0.0
@@ -39,8 +39,8 @@ class StageCallback(ProfilerCallback):
         """Host-side readings taken at the end of each interval (e.g. peak memory)."""
         return {}
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]]) -> None:
-        """Turn measured intervals into metrics."""
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
+        """Turn measured intervals into metrics. `ranks[r]` is rank r's `RankTotals` over the same laps."""
 
     # ---- training ----
     @guarded
@@ -117,12 +117,18 @@ class StageCallback(ProfilerCallback):
         meter = self.meters[stage]
         meter.lap(trainer_info.global_step(trainer), self.lap_extras(stage))
         laps = resolve(meter.take(keep_newest=not final))
+        local = dict.fromkeys(TOTAL_KEYS, 0.0)
         for lap, seconds in laps:
-            totals = self.totals[stage]
-            totals["batches"] += lap.batches
-            totals["samples"] += lap.samples
-            totals["items"] += lap.items
-            totals["wait_s"] += lap.wait_s
-            totals["elapsed_s"] += seconds
+            for key, value in zip(TOTAL_KEYS, (lap.batches, lap.samples, lap.items, lap.wait_s, seconds), strict=True):
+                local[key] += value
+                self.totals[stage][key] += value
+        # Every rank reaches this point at the same batch count, so the collective lines up.
+        ranks = None if self.session.failed else self.session.exchange.gather([local[k] for k in TOTAL_KEYS])
         if laps:
-            self.on_laps(trainer, stage, laps)
+            self.on_laps(trainer, stage, laps, ranks)
+
+    def gathered_totals(self, stage: str) -> list[list[float]]:
+        """Every rank's totals for the stage at the end (only this rank's after a failure)."""
+        local = [self.totals[stage][key] for key in TOTAL_KEYS]
+        ranks = None if self.session.failed else self.session.exchange.gather(local)
+        return ranks or [local]

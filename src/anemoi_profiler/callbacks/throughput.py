@@ -19,7 +19,7 @@ from ..flops import dense_peak_flops
 from ..report import ReportSection
 from .base import guarded
 from .intervals import Lap, batch_size_of
-from .stage_callback import STAGES, StageCallback
+from .stage_callback import STAGES, TOTAL_KEYS, StageCallback
 
 log = logging.getLogger(__name__)
 
@@ -119,36 +119,56 @@ class ThroughputCallback(StageCallback):
         return bool(options.measure_flops and self.peak_flops and self.flops_per_sample is None)
 
     # ---- metrics ----
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]]) -> None:
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
+        if not self.session.is_global_zero:
+            return
         for lap, seconds in laps:
-            metrics = self._rates(stage, lap.batches, lap.samples, lap.items, seconds)
-            self.session.log_metrics(metrics, lap.step)
+            self.session.log_metrics(self._device_rates(stage, lap.batches, lap.samples, lap.items, seconds), lap.step)
+        if ranks:
+            self.session.log_metrics(self._global_rates(stage, ranks), laps[-1][0].step)
 
-    def _rates(self, stage: str, batches: int, samples: int, items: int, seconds: float) -> dict[str, float]:
-        prefix = f"throughput/{stage}"
-        device_samples = samples / seconds
-        metrics = {
-            f"{prefix}/batches_per_sec": batches / seconds * self.world_size,
-            f"{prefix}/device/batches_per_sec": batches / seconds,
-        }
+    def _device_rates(
+        self, stage: str, batches: float, samples: float, items: float, seconds: float
+    ) -> dict[str, float]:
+        prefix = f"throughput/{stage}/device"
+        metrics = {f"{prefix}/batches_per_sec": batches / seconds}
         if samples:
-            metrics[f"{prefix}/device/samples_per_sec"] = device_samples
-            metrics[f"{prefix}/samples_per_sec"] = device_samples * self.world_size
+            metrics[f"{prefix}/samples_per_sec"] = samples / seconds
         if items:
-            metrics[f"{prefix}/device/items_per_sec"] = items / seconds
-            metrics[f"{prefix}/items_per_sec"] = items / seconds * self.world_size
-        if stage == "train" and samples and self.flops_per_sample and self.peak_flops:
-            metrics[f"{prefix}/mfu"] = device_samples * self.flops_per_sample / self.peak_flops
+            metrics[f"{prefix}/items_per_sec"] = items / seconds
+        return metrics
+
+    def _global_rates(self, stage: str, ranks: list[list[float]]) -> dict[str, float]:
+        """The true sum of every rank's rate (ranks measured over the same intervals)."""
+        timed = [dict(zip(TOTAL_KEYS, values, strict=True)) for values in ranks]
+        timed = [rank for rank in timed if rank["elapsed_s"] > 0]
+        if not timed:
+            return {}
+        prefix = f"throughput/{stage}"
+        metrics = {f"{prefix}/batches_per_sec": sum(r["batches"] / r["elapsed_s"] for r in timed)}
+        samples_per_sec = sum(r["samples"] / r["elapsed_s"] for r in timed)
+        if samples_per_sec:
+            metrics[f"{prefix}/samples_per_sec"] = samples_per_sec
+        items_per_sec = sum(r["items"] / r["elapsed_s"] for r in timed)
+        if items_per_sec:
+            metrics[f"{prefix}/items_per_sec"] = items_per_sec
+        if stage == "train" and samples_per_sec and self.flops_per_sample and self.peak_flops:
+            metrics[f"{prefix}/mfu"] = samples_per_sec * self.flops_per_sample / (self.peak_flops * len(ranks))
         return metrics
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         for stage in STAGES:
+            ranks = self.gathered_totals(stage)
             totals = self.totals[stage]
-            if totals["elapsed_s"] <= 0:
-                continue
-            rates = self._rates(stage, totals["batches"], totals["samples"], totals["items"], totals["elapsed_s"])
+            rates = self._global_rates(stage, ranks)
+            if totals["elapsed_s"] > 0:
+                rates.update(
+                    self._device_rates(
+                        stage, totals["batches"], totals["samples"], totals["items"], totals["elapsed_s"]
+                    )
+                )
             for key, value in rates.items():
                 name = key.removeprefix("throughput/")
                 summary[f"summary/{name}"] = value
@@ -156,13 +176,14 @@ class ThroughputCallback(StageCallback):
                     values[f"{name}_percent"] = (value * 100, "%")
                 else:
                     values[name] = (value, "/s")
-            values[f"{stage}/measured_batches"] = (totals["batches"], "")
+            if rates:
+                values[f"{stage}/measured_batches"] = (int(sum(r[0] for r in ranks)), "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
-        if not values:
+        if not values or not self.session.is_global_zero:
             return None, {}
         note = (
             f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
-            f"training time; global = {self.world_size} device(s)."
+            f"training time; global = sum over {self.world_size} rank(s), device = rank {self.session.global_rank}."
         )
         return ReportSection.key_values("Throughput", values, note), summary

@@ -14,7 +14,7 @@ import torch
 from .. import trainer_info
 from ..report import ReportSection
 from .intervals import Lap
-from .stage_callback import STAGES, StageCallback
+from .stage_callback import STAGES, TOTAL_KEYS, StageCallback
 
 MB = 1e6  # MLflow's system metrics use decimal megabytes; so do we.
 
@@ -43,32 +43,49 @@ class StepTimingCallback(StageCallback):
             self.peaks[key] = max(self.peaks.get(key, 0.0), value)
         return extras
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]]) -> None:
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
+        if not self.session.is_global_zero:
+            return
         for lap, seconds in laps:
-            metrics = {f"time/{stage}/step_ms": seconds / lap.batches * 1000}
-            if stage == "train":
-                metrics["time/train/dataloader_wait_ms"] = lap.wait_s / lap.batches * 1000
-                metrics.update(lap.extras)
+            metrics = dict(lap.extras)
+            if self.session.world_size > 1:  # with one rank these equal the figures below
+                metrics[f"time/{stage}/device/step_ms"] = seconds / lap.batches * 1000
             self.session.log_metrics(metrics, lap.step)
+        if ranks:
+            self.session.log_metrics(self._across_ranks(stage, ranks), laps[-1][0].step)
+
+    def _across_ranks(self, stage: str, ranks: list[list[float]]) -> dict[str, float]:
+        """Mean step time over ranks, and with several ranks the spread and the slowest rank."""
+        per_rank = [dict(zip(TOTAL_KEYS, values, strict=True)) for values in ranks]
+        step_ms = [r["elapsed_s"] / r["batches"] * 1000 if r["batches"] else 0.0 for r in per_rank]
+        measured = [ms for ms in step_ms if ms > 0]
+        if not measured:
+            return {}
+        metrics = {f"time/{stage}/step_ms": sum(measured) / len(measured)}
+        if stage == "train":
+            waits = [r["wait_s"] / r["batches"] * 1000 for r in per_rank if r["batches"]]
+            metrics["time/train/dataloader_wait_ms"] = sum(waits) / len(waits)
+        if len(ranks) > 1:
+            metrics[f"time/{stage}/step_ms_min"] = min(measured)
+            metrics[f"time/{stage}/step_ms_max"] = max(measured)
+            metrics[f"throughput/{stage}/slowest_rank"] = float(step_ms.index(max(step_ms)))
+        return metrics
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         for stage in STAGES:
-            totals = self.totals[stage]
-            if totals["batches"] and totals["elapsed_s"] > 0:
-                step_ms = totals["elapsed_s"] / totals["batches"] * 1000
-                values[f"{stage}/step_ms"] = (step_ms, "ms")
-                summary[f"summary/{stage}/step_ms"] = step_ms
+            across = self._across_ranks(stage, self.gathered_totals(stage))
+            for key, value in across.items():
+                name = key.split("/", 1)[1]
+                summary[f"summary/{name}"] = value
+                values[name] = (value, "" if name.endswith("slowest_rank") else "ms")
         train = self.totals["train"]
-        if train["batches"] and train["elapsed_s"] > 0:
-            wait_ms = train["wait_s"] / train["batches"] * 1000
-            values["train/dataloader_wait_ms"] = (wait_ms, "ms")
+        if train["elapsed_s"] > 0:
             values["train/dataloader_wait_share"] = (train["wait_s"] / train["elapsed_s"] * 100, "%")
-            summary["summary/train/dataloader_wait_ms"] = wait_ms
         for key, value in self.peaks.items():
             values[key.replace("memory/", "max ")] = (value, "MB")
             summary[f"summary/{key}"] = value
-        if not values:
+        if not values or not self.session.is_global_zero:
             return None, {}
         return ReportSection.key_values("Step time and memory", values), summary

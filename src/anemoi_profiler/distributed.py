@@ -1,0 +1,56 @@
+"""Exchange a few numbers between ranks at log intervals, on a CPU group with its own short timeout.
+
+The profiler's collectives run on a separate gloo group of CPU tensors: they never touch the training's
+NCCL streams (so no device sync), and a rank that died makes the others give up after `timeout_s` with a
+warning instead of freezing inside profiler code for the default 30 minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class RankExchange:
+    """All-gather small float vectors from every rank. Inactive (identity) in single-process runs."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.world_size = 1
+        self.rank = 0
+        self._group: object | None = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self.world_size = dist.get_world_size()
+            self.rank = dist.get_rank()
+            # Every rank creates the group at setup, in the same order: new_group is itself collective.
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+    @property
+    def active(self) -> bool:
+        return self._group is not None
+
+    def gather(self, values: list[float]) -> list[list[float]] | None:
+        """Each rank's `values` (same length on every rank), or None once the exchange has failed."""
+        if self.world_size == 1:
+            return [list(values)]
+        if self._group is None:
+            return None
+        local = torch.tensor(values, dtype=torch.float64)
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(gathered, local, group=self._group)
+        except Exception as error:  # a rank died or hung: stop exchanging, keep training
+            self._group = None
+            log.warning(
+                "anemoi-profiler: rank %d stopped exchanging measurements with the other ranks (%s: %s); "
+                "global figures are no longer logged",
+                self.rank,
+                type(error).__name__,
+                str(error).splitlines()[0] if str(error) else "",
+            )
+            return None
+        return [tensor.tolist() for tensor in gathered]
