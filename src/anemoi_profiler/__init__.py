@@ -19,6 +19,8 @@ _EXPORTS = {
     "ProfilerConfig": "config",
     "ProfilerSession": "session",
     "build_callbacks": "build",
+    "MemorySnapshotCallback": "callbacks",
+    "ModelSummaryCallback": "callbacks",
     "ProfilerCallback": "callbacks",
     "StepTimingCallback": "callbacks",
     "SystemMetricsCallback": "callbacks",

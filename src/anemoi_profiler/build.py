@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .callbacks import ProfilerCallback, StepTimingCallback, SystemMetricsCallback, ThroughputCallback
+from .callbacks import (
+    MemorySnapshotCallback,
+    ModelSummaryCallback,
+    ProfilerCallback,
+    StepTimingCallback,
+    SystemMetricsCallback,
+    ThroughputCallback,
+)
 from .config import ProfilerConfig
 from .session import ProfilerSession
 
@@ -15,10 +22,12 @@ def build_callbacks(
     *,
     length_fn: Callable[[Any], int] | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
+    input_fn: Callable[[Any], Any] | None = None,
 ) -> list[ProfilerCallback]:
     """The enabled callbacks for `config` (defaults if None), sharing one run folder, MLflow run and report.
 
-    `length_fn`/`batch_size_fn` count items and samples in a batch (see ThroughputCallback).
+    `length_fn`/`batch_size_fn` count items and samples in a batch (see ThroughputCallback); `input_fn`
+    turns a batch into the model's forward arguments for the model summary (see ModelSummaryCallback).
     """
     config = config or ProfilerConfig()
     session = ProfilerSession(config)
@@ -29,6 +38,10 @@ def build_callbacks(
         callbacks.append(StepTimingCallback(session=session))
     if config.system.enabled:
         callbacks.append(SystemMetricsCallback(session=session))
+    if config.model_summary.enabled:
+        callbacks.append(ModelSummaryCallback(session=session, input_fn=input_fn))
+    if config.memory_snapshot.enabled:
+        callbacks.append(MemorySnapshotCallback(session=session))
     if not callbacks:
         # Nothing measured still leaves a run folder, config copy and environment: a callback-less base.
         callbacks.append(ProfilerCallback(session=session))

@@ -172,19 +172,26 @@ class ProfilerSession:
         return trainer.strategy.broadcast(value, src=0)
 
     def _finish(self, trainer: Any) -> None:
-        try:
-            if self.is_global_zero and self._report is not None:
-                self._write_report(trainer)
-            if self.sink is not None:
-                step = trainer_info.global_step(trainer)
-                if self._summary_metrics:
-                    self.sink.log_metrics(self._summary_metrics, step)
-                if self.is_global_zero and self.config.tracking.upload_artifacts:
-                    self._upload_run_folder()
-                self.sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)
-        finally:
-            if self.is_global_zero:
-                self._print_where_to_look()
+        """Write the report, send the summary and the run folder, close the sink; never raise into training."""
+        if not self.failed:
+            self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
+        steps = [
+            (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
+            (self.sink is not None and bool(self._summary_metrics), "log summary metrics",
+             lambda: self.sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
+            (self.sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
+             "upload the run folder", self._upload_run_folder),
+            (self.sink is not None, "close the MLflow sink",
+             lambda: self.sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
+            (self.is_global_zero, "print where to look", self._print_where_to_look),
+        ]  # fmt: skip
+        for wanted, what, action in steps:
+            if not wanted:
+                continue
+            try:
+                action()
+            except Exception as error:
+                log.warning("anemoi-profiler: could not %s: %s: %s", what, type(error).__name__, error)
 
     def _write_report(self, trainer: Any) -> None:
         assert self._report is not None and self.run_dir is not None
