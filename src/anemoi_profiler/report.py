@@ -61,7 +61,7 @@ class RunReport:
             lines += ["", section.title, "-" * len(section.title)]
             if section.note:
                 lines += [section.note, ""]
-            lines += _plain_table(section.columns, section.rows)
+            lines += plain_table(section.columns, section.rows)
         return "\n".join(lines) + "\n"
 
     def write(self, folder: Path, txt: bool = True, as_json: bool = True) -> list[Path]:
@@ -96,7 +96,7 @@ class RunReport:
             console.print(table)
 
 
-def _plain_table(columns: list[str], rows: list[list[Any]]) -> list[str]:
+def plain_table(columns: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [[str(c) for c in row] for row in rows]
     header = [str(c) for c in columns] if any(columns) else None
     widths = (

@@ -1,0 +1,274 @@
+"""Profiling windows with torch.profiler during a Lightning fit: traces, time and memory reports.
+
+Unlike Lightning's PyTorchProfiler, `repeat` is honoured, validation gets its own windows (counted per
+validation run, never in the sanity check), each window's trace lands in its own folder named by stage and
+rank for HTA, and a batch outside the windows costs one integer comparison: the profiler starts at the
+first scheduled batch and stops after the last cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from .. import trainer_info
+from ..profiling.recorder import WindowRecorder
+from ..profiling.reports import summarize_windows
+from ..profiling.schedule import WindowSchedule
+from ..profiling.traces import MB, TRACES_DIR, folder_size
+from ..profiling.windows import ProfilingWindows
+from ..report import ReportSection, format_value
+from .base import ProfilerCallback, guarded
+
+log = logging.getLogger(__name__)
+
+STAGES = ("train", "val")
+
+
+class TorchProfilerCallback(ProfilerCallback):
+    """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`."""
+
+    def __init__(self, config: Any = None, session: Any = None) -> None:
+        super().__init__(config, session)
+        self._windows: ProfilingWindows | None = None
+        self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)
+
+    def on_session_start(self, trainer: Any, pl_module: Any) -> None:
+        conflicting = _torch_based_profiler(trainer)
+        if conflicting:
+            log.warning(
+                "anemoi-profiler: the Trainer runs Lightning's %s (profiler=...), which also uses torch.profiler; "
+                "two torch profilers cannot run at once, so TorchProfilerCallback is off for this run (training "
+                "continues). Remove profiler= from the Trainer to get anemoi-profiler's windows, traces and reports.",
+                conflicting,
+            )
+            self.disabled = True
+            return
+        options = self.config.profiler
+        assert self.session.run_dir is not None
+        self._schedules = {stage: WindowSchedule.from_config(getattr(options, stage)) for stage in STAGES}
+        # A rank outside `distributed.profiled_ranks` keeps empty spans: each batch costs one comparison.
+        profiled = self.config.is_profiled_rank(self.session.global_rank)
+        self._windows = None
+        if profiled:
+            self._windows = ProfilingWindows(
+                self.session.run_dir,
+                self.session.global_rank,
+                self.session.world_size,
+                options,
+                trainer_info.root_device(trainer),
+            )
+        self._recorders = dict.fromkeys(STAGES)
+        self._spans = {stage: (s.start, s.end) if profiled else (0, 0) for stage, s in self._schedules.items()}
+        self._batches = dict.fromkeys(STAGES, 0)  # train: over the whole fit; val: in this validation run
+        self._val_profiled = False
+        self._val_length_checked = False
+        self._timing = False  # the current batch is inside a profiling cycle
+        self._batch_start = self._backward_start = self._optimizer_start = 0.0
+        self._last_train_end: float | None = None
+
+    # ---- training ----
+    @guarded
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        batches = _planned_train_batches(trainer)
+        if batches is not None and self._windows is not None:
+            self._warn_shortfall("train", batches, "the training run")
+
+    @guarded
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        start, end = self._spans["train"]
+        if start <= self._batches["train"] < end:
+            self._begin_batch("train")
+
+    @guarded
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._timing:
+            self._backward_start = time.perf_counter()
+
+    @guarded
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._timing:
+            self._durations_add("train/backward", self._backward_start)
+
+    @guarded
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._timing:
+            self._optimizer_start = time.perf_counter()
+
+    @guarded
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._batches["train"] += 1
+        if not self._timing:
+            return
+        self._durations_add("train/training_step", self._batch_start)
+        if self._optimizer_start > self._batch_start:
+            self._durations_add("train/optimizer_step", self._optimizer_start)
+        self._end_batch("train")
+        self._last_train_end = time.perf_counter()
+
+    @guarded
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop("train")
+
+    # ---- validation: each run counts its own batches; the sanity check is never profiled ----
+    @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._last_train_end = None  # the next training batch's wait is not the dataloader's
+        self._val_profiled = False
+        if self._windows is None or getattr(trainer, "sanity_checking", False) or not self.config.profiler.validation:
+            return
+        training = self._recorders["train"]
+        if training is not None and training.busy:
+            log.info(
+                "anemoi-profiler: a validation run started inside a training profiling window; it is not profiled "
+                "on its own and shows in the training trace"
+            )
+            return
+        if not self._val_length_checked:
+            self._val_length_checked = True
+            batches = _validation_batches(trainer)
+            if batches is not None:
+                self._warn_shortfall("val", batches, "each validation run")
+        self._val_profiled = True
+        self._batches["val"] = 0
+
+    @guarded
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not self._val_profiled:
+            return
+        start, end = self._spans["val"]
+        if start <= self._batches["val"] < end:
+            self._begin_batch("val")
+
+    @guarded
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not self._val_profiled:
+            return
+        self._batches["val"] += 1
+        if self._timing:
+            self._durations_add("val/validation_batch", self._batch_start)
+            self._end_batch("val")
+
+    @guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop("val")
+        self._val_profiled = False
+
+    # ---- windows ----
+    def _begin_batch(self, stage: str) -> None:
+        assert self._windows is not None
+        index = self._batches[stage]
+        schedule = self._schedules[stage]
+        self._windows.batch_starting(stage, schedule, index)
+        if self._recorders[stage] is None:
+            self._recorders[stage] = self._windows.open(stage, schedule, index)
+        now = time.perf_counter()
+        if stage == "train" and self._last_train_end is not None:
+            self._windows.durations.add("train/dataloader_next", now - self._last_train_end)
+        self._timing = True
+        self._batch_start = now
+
+    def _end_batch(self, stage: str) -> None:
+        """Step the stage's profiler after its batch (already counted) and stop it after the last cycle."""
+        assert self._windows is not None
+        self._timing = False
+        recorder = self._recorders[stage]
+        if recorder is None:
+            return
+        finished = self._batches[stage] - 1
+        self._windows.batch_ended(recorder, finished)
+        if finished + 1 >= self._spans[stage][1]:
+            self._stop(stage)
+
+    def _durations_add(self, name: str, since: float) -> None:
+        assert self._windows is not None
+        self._windows.durations.add(name, time.perf_counter() - since)
+
+    def _stop(self, stage: str) -> None:
+        recorder, self._recorders[stage] = self._recorders[stage], None
+        if recorder is not None:
+            recorder.stop()
+
+    def _warn_shortfall(self, stage: str, batches: int, run: str) -> None:
+        problem = self._schedules[stage].shortfall(batches, f"profiler.{stage}", run)
+        if problem:
+            log.warning("anemoi-profiler: %s", problem)
+
+    # ---- end of run ----
+    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+        """Rank 0 decides on the trace upload; the first profiled rank writes the reports from its windows."""
+        for stage in STAGES:
+            self._stop(stage)
+        if self._windows is not None:
+            self._windows.flush()
+        upload_note = self._traces_upload_note() if self.session.is_global_zero else ""
+        if self._windows is None or self.session.global_rank != self._reporting_rank():
+            return None, {}
+        sections, metrics = summarize_windows(self._windows, upload_note)
+        for section in sections:
+            self.session.add_section(section)
+        return None, metrics
+
+    def _reporting_rank(self) -> int:
+        return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)
+
+    def _traces_upload_note(self) -> str:
+        """Upload traces with the run only when they are small enough; the run folder always keeps them."""
+        assert self.session.run_dir is not None
+        traces_dir = self.session.run_dir / TRACES_DIR
+        total_mb = folder_size(traces_dir) / MB if traces_dir.is_dir() else 0.0
+        limit_mb = self.config.profiler.upload_traces_max_mb
+        if not total_mb:
+            return ""
+        if total_mb <= limit_mb:
+            return "uploaded to MLflow with the run"
+        self.session.keep_local(traces_dir)
+        log.info(
+            "anemoi-profiler: traces (%s) are not uploaded to MLflow (profiler.upload_traces_max_mb=%g); "
+            "they are in %s",
+            format_value(total_mb, "MB"),
+            limit_mb,
+            traces_dir,
+        )
+        return f"kept in the run folder only (over profiler.upload_traces_max_mb={limit_mb:g})"
+
+    def stop_background_work(self) -> None:
+        for stage in STAGES:
+            try:
+                self._stop(stage)
+            except Exception as error:
+                log.warning("anemoi-profiler: stopping the %s profiler failed: %s", stage, error)
+        if self._windows is not None:
+            self._windows.close()
+
+
+def _torch_based_profiler(trainer: Any) -> str | None:
+    """Name of a Lightning profiler on the trainer that runs torch.profiler itself, if any."""
+    profiler = getattr(trainer, "profiler", None)
+    name = type(profiler).__name__
+    return name if name == "PyTorchProfiler" or hasattr(profiler, "_profiler_kwargs") else None
+
+
+def _planned_train_batches(trainer: Any) -> int | None:
+    """Training batches of the fit (optimizer steps times gradient accumulation); None when unknown."""
+    try:
+        steps = float(trainer.estimated_stepping_batches)
+    except Exception:
+        return None
+    if not math.isfinite(steps):
+        return None
+    return int(steps) * int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+
+
+def _validation_batches(trainer: Any) -> int | None:
+    counts = getattr(trainer, "num_val_batches", None)
+    if counts is None:
+        return None
+    total = sum(counts) if isinstance(counts, list | tuple) else counts
+    return int(total) if math.isfinite(total) else None

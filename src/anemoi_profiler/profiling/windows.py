@@ -1,0 +1,92 @@
+"""The profiling windows of one rank: recorders per stage run, and what each finished window leaves behind.
+
+Each window becomes a trace file, the operator rows of its `key_averages()`, and, on CUDA, per-step memory
+readings and (once) the memory timeline. The Lightning callback and component profiling both drive this.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import TorchProfilerConfig
+from .device_memory import StepMemory, export_memory_timeline
+from .durations import DurationStats
+from .op_tables import WindowOperators, operator_stats
+from .recorder import WindowRecorder, effective_options, uses_cuda
+from .schedule import WindowSchedule
+from .traces import TRACES_DIR, TraceWriter, folder_size, rank_info
+
+
+class ProfilingWindows:
+    """Opens a recorder per stage run and keeps what the finished windows of this rank produced."""
+
+    def __init__(
+        self, run_dir: Path, rank: int, world_size: int, options: TorchProfilerConfig, device: torch.device
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.device = device
+        self.options = effective_options(options, device)
+        self.rank_info = rank_info(rank, world_size)
+        self.traces = TraceWriter(run_dir, rank, world_size, self.options) if self.options.traces else None
+        self.step_memory = StepMemory(device) if uses_cuda(device) else None
+        self.durations = DurationStats()
+        self.operator_tables: list[WindowOperators] = []
+        self.completed: Counter[str] = Counter()
+        self.timeline_path = run_dir / "memory" / f"timeline_rank{rank}.html"
+        self.timeline_seconds: float | None = None
+        self._timeline_tried = False
+        self._active: dict[str, int] = {}
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.run_dir / TRACES_DIR
+
+    def open(self, stage: str, schedule: WindowSchedule, batch: int) -> WindowRecorder:
+        """Start a recorder for a stage run at its first scheduled batch."""
+        self._active[stage] = schedule.active
+        recorder = WindowRecorder(stage, schedule, self.options, self.device, self.rank_info, self._on_window)
+        recorder.start(batch)
+        if self.step_memory is not None and recorder.recording:
+            self.step_memory.start_step()
+        return recorder
+
+    def batch_starting(self, stage: str, schedule: WindowSchedule, batch: int) -> None:
+        """Warn before a window whose trace will be over the budget (judged from the previous one)."""
+        if self.traces is not None and schedule.starts_cycle(batch):
+            self.traces.check_next_window(stage, schedule.active)
+
+    def batch_ended(self, recorder: WindowRecorder, batch: int) -> None:
+        memory = self.step_memory
+        if memory is not None and recorder.recording:
+            memory.end_step(recorder.stage, self.completed[recorder.stage], batch)
+        recorder.step()
+        if memory is not None and recorder.recording:
+            memory.start_step()
+
+    def _on_window(self, prof: Any, stage: str, steps: int) -> None:
+        window = self.completed[stage]
+        self.completed[stage] += 1
+        if self.traces is not None:
+            self.traces.write(prof, stage, window, steps, self._active[stage])
+        if self.options.time_report or self.options.memory_report:
+            self.operator_tables.append(WindowOperators(stage, window, steps, operator_stats(prof.key_averages())))
+        if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
+            self._timeline_tried = True
+            self.timeline_seconds = export_memory_timeline(prof, self.timeline_path, self.device)
+
+    def trace_bytes(self) -> int:
+        """Bytes of all trace files in the run folder (every rank's, on a shared file system)."""
+        return folder_size(self.traces_dir) if self.traces_dir.is_dir() else 0
+
+    def flush(self) -> None:
+        if self.traces is not None:
+            self.traces.flush()
+
+    def close(self) -> None:
+        if self.traces is not None:
+            self.traces.close()
