@@ -19,12 +19,15 @@ _EXPORTS = {
     "ProfilerConfig": "config",
     "ProfilerSession": "session",
     "build_callbacks": "build",
+    "HtaCallback": "callbacks",
     "MemorySnapshotCallback": "callbacks",
     "ModelSummaryCallback": "callbacks",
     "ProfilerCallback": "callbacks",
     "StepTimingCallback": "callbacks",
     "SystemMetricsCallback": "callbacks",
     "ThroughputCallback": "callbacks",
+    "TorchProfilerCallback": "callbacks",
+    "profile_component": "profiling.component",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

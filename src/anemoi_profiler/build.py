@@ -6,12 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .callbacks import (
+    HtaCallback,
     MemorySnapshotCallback,
     ModelSummaryCallback,
     ProfilerCallback,
     StepTimingCallback,
     SystemMetricsCallback,
     ThroughputCallback,
+    TorchProfilerCallback,
 )
 from .config import ProfilerConfig
 from .session import ProfilerSession
@@ -42,6 +44,10 @@ def build_callbacks(
         callbacks.append(ModelSummaryCallback(session=session, input_fn=input_fn))
     if config.memory_snapshot.enabled:
         callbacks.append(MemorySnapshotCallback(session=session))
+    if config.profiler.enabled:
+        callbacks.append(TorchProfilerCallback(session=session))
+    if config.hta.enabled:
+        callbacks.append(HtaCallback(session=session))  # last: it reads the traces the others wrote
     if not callbacks:
         # Nothing measured still leaves a run folder, config copy and environment: a callback-less base.
         callbacks.append(ProfilerCallback(session=session))

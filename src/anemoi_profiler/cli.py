@@ -1,4 +1,4 @@
-"""The `anemoi-profiler` command: demo, analyze, config, sync."""
+"""The `anemoi-profiler` command: demo, component, analyze, config, sync."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import PRESETS, ConfigError, ProfilerConfig
+from .profiling.component import add_component_arguments, run_component_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-steps", type=int, default=400, help="training steps (default: 400, about a minute on CPU)")
     demo.add_argument("--slow-data", action="store_true", help="make the dataloader slow, to see a data-bound run")
     demo.set_defaults(handler=_demo)
+
+    component = commands.add_parser(
+        "component",
+        help="profile one module or function outside a Trainer",
+        description="Profile an nn.Module or callable (e.g. a norm layer, with or without torch.compile) on "
+        "synthetic inputs, with the same windows, reports and run folder as a training run.",
+    )
+    add_component_arguments(component)
+    component.set_defaults(handler=run_component_cli)
 
     show = commands.add_parser(
         "config",

@@ -156,6 +156,14 @@ class ModelSummaryConfig:
 
 
 @dataclass
+class HtaConfig:
+    """Holistic Trace Analysis over the run's traces after fit (rank 0; needs the hta extra)."""
+
+    enabled: bool = _opt(False, "Analyse every trace window after fit; results in hta/ and hta/... metrics.")
+    time_limit_s: float = _opt(300.0, "Seconds for all analyses together; what is left is skipped and said so.")
+
+
+@dataclass
 class DistributedConfig:
     """Multi-process runs (DDP, FSDP; Lightning's launcher, torchrun, SLURM)."""
 
@@ -191,6 +199,7 @@ class ProfilerConfig:
     profiler: TorchProfilerConfig = _opt(TorchProfilerConfig, TorchProfilerConfig.__doc__)
     memory_snapshot: MemorySnapshotConfig = _opt(MemorySnapshotConfig, MemorySnapshotConfig.__doc__)
     model_summary: ModelSummaryConfig = _opt(ModelSummaryConfig, ModelSummaryConfig.__doc__)
+    hta: HtaConfig = _opt(HtaConfig, HtaConfig.__doc__)
     distributed: DistributedConfig = _opt(DistributedConfig, DistributedConfig.__doc__)
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
 
@@ -256,6 +265,7 @@ class ProfilerConfig:
             and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
         )
         checks.append(("distributed.profiled_ranks", ranks_ok, "'all' or a list of global ranks >= 0"))
+        checks.append(("hta.time_limit_s", self.hta.time_limit_s > 0, "a number of seconds > 0"))
         checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
         for key, ok, allowed in checks:
             if not ok:
