@@ -44,7 +44,13 @@ class HtaCallback(ProfilerCallback):
         rows = []
         for window in summary["windows"]:
             name = window.get("window") or window["folder"]
-            skipped = "; ".join(f"{k}: {v}" for k, v in window["skipped"].items())
+            by_reason: dict[str, list[str]] = {}
+            for analysis, reason in window["skipped"].items():
+                by_reason.setdefault(reason, []).append(analysis)
+            skipped = "; ".join(
+                f"{'all' if len(names) == len(window['skipped']) and not window['ran'] else ', '.join(names)}: {reason}"
+                for reason, names in by_reason.items()
+            )
             rows.append([name, ", ".join(window["ran"]) or "-", skipped or "-"])
         note = f"Tables and summary.json in {summary['out_dir']}; metrics under hta/<stage>/window_<k>/rank<r>/."
         return ReportSection("HTA", ["window", "ran", "skipped (why)"], rows, {"metrics": summary["metrics"]}, note)
