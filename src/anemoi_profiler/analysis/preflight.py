@@ -159,7 +159,8 @@ def traces_root(target: Path) -> Path:
     """The folder that window names are relative to: `<run>/traces` for a run folder (whose own JSON
     files, such as report.json, are no traces), else the target."""
     run_traces = target / "traces"
-    return run_traces if run_traces.is_dir() else target
+    is_run_folder = (target / "config.yaml").is_file() and (target / "environment.json").is_file()
+    return run_traces if run_traces.is_dir() or is_run_folder else target
 
 
 def find_window_dirs(target: Path) -> list[Path]:
@@ -171,6 +172,8 @@ def find_window_dirs(target: Path) -> list[Path]:
     if not target.is_dir():
         raise NoTracesError(f"no such folder: {target}")
     root = traces_root(target)
+    if not root.is_dir():
+        return []  # a run folder whose run had no profiling windows
     if root == target and trace_files_in(target):
         return [target]
     folders = {
