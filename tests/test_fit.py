@@ -75,10 +75,10 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     assert "train/loss" in run.data.metrics
     for key, value in run.data.metrics.items():
         assert math.isfinite(value), key
-    history = client.get_metric_history(logger.run_id, "throughput/train/samples_per_sec")
+    history_points = client.get_metric_history(logger.run_id, "throughput/train/samples_per_sec")
     # 16 batches, 2 warmup, logged every 4 -> intervals end at batch 6, 10, 14 and the rest at the end
-    assert len(history) == 4
-    assert all(point.value > 0 for point in history)
+    assert len(history_points) == 4
+    assert all(point.value > 0 for point in history_points)
     system_steps = [m.step for m in client.get_metric_history(logger.run_id, "system/cpu_utilization_percentage")]
     assert len(system_steps) >= 2  # a sample at the start and one at the end, even for a short run
     assert system_steps == sorted(system_steps) and system_steps[-1] == 16  # on the training step axis
@@ -102,6 +102,9 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
         run.data.metrics["summary/train/samples_per_sec"]
     )
     assert "Throughput" in (folder / "report.txt").read_text()
+    history = json.loads((folder / "metrics.json").read_text())
+    assert history["throughput/train/samples_per_sec"]["step"] == [p.step for p in history_points]
+    assert history["summary/train/samples_per_sec"]["value"] == [run.data.metrics["summary/train/samples_per_sec"]]
 
 
 def test_without_a_logger_the_embedded_sqlite_store_gets_its_own_finished_run(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from . import trainer_info
 from .config import ProfilerConfig
 from .distributed import RankExchange
 from .environment import collect_environment
+from .metric_history import MetricHistory
 from .redaction import redact, redact_uri
 from .report import ReportSection, RunReport
 from .tracking import TrackingSink, resolve_tracking_uri
@@ -60,6 +61,7 @@ class ProfilerSession:
         self._not_uploaded: set[Path] = set()
         self._report: RunReport | None = None
         self._summary_metrics: dict[str, float] = {}
+        self.history = MetricHistory()
         self._started = 0.0
         self._status = "FINISHED"
         self.exchange = RankExchange(self.config.distributed.timeout_s)
@@ -105,6 +107,7 @@ class ProfilerSession:
         self._started = time.time()
         self._status = "FINISHED"
         self._summary_metrics = {}
+        self.history = MetricHistory()
         output_dir = Path(self.config.output_dir).resolve()
         run_dir = create_run_folder(output_dir, self.config.fingerprint()) if self.is_global_zero else None
         self.run_dir = Path(self._from_rank_zero(trainer, str(run_dir) if run_dir else None))
@@ -201,6 +204,8 @@ class ProfilerSession:
             duration=f"{time.time() - self._started:.1f} s",
             steps=trainer_info.global_step(trainer),
         )
+        self.history.add(self._summary_metrics, trainer_info.global_step(trainer))
+        self.history.write(self.run_dir)
         report.write(self.run_dir, txt=self.config.report.txt, as_json=self.config.report.json)
         if self.config.report.console:
             report.print_console()
@@ -223,8 +228,11 @@ class ProfilerSession:
 
     # ---- what callbacks call ----
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Queue metrics for MLflow; returns at once (the sink sends them from its own thread)."""
-        if self.sink is not None and metrics:
+        """Queue metrics for MLflow and metrics.json; returns at once (the sink sends from its own thread)."""
+        if not metrics:
+            return
+        self.history.add(metrics, step)
+        if self.sink is not None:
             self.sink.log_metrics(metrics, step)
 
     def log_params(self, params: dict[str, Any]) -> None:
