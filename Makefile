@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export MLFLOW_DISABLE_TELEMETRY := true
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +26,14 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
+
+docs: $(VENV)/.installed-dev
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) profiler_runs .pytest_cache
