@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+# The console script installed beside this interpreter: what a user of this environment runs.
+CLI = str(Path(sys.executable).with_name("anemoi-profiler"))
 
 
 @pytest.mark.slow
@@ -15,7 +19,7 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
     result = subprocess.run(
-        ["anemoi-profiler", "demo", "--max-steps", "40", "--output-dir", "out", "log_every_n_steps=10",
+        [CLI, "demo", "--max-steps", "40", "--output-dir", "out", "log_every_n_steps=10",
          "system.interval_s=1", "throughput.warmup_steps=3"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False,
     )  # fmt: skip
@@ -54,8 +58,8 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
 
 
 def test_help_reads_well() -> None:
-    result = subprocess.run(["anemoi-profiler", "--help"], capture_output=True, text=True, check=True)
+    result = subprocess.run([CLI, "--help"], capture_output=True, text=True, check=True)
     for command in ("demo", "analyze", "config", "sync"):
         assert command in result.stdout
-    demo = subprocess.run(["anemoi-profiler", "demo", "--help"], capture_output=True, text=True, check=True)
+    demo = subprocess.run([CLI, "demo", "--help"], capture_output=True, text=True, check=True)
     assert "--max-steps" in demo.stdout and "--preset" in demo.stdout and "key=value" in demo.stdout
