@@ -19,11 +19,12 @@ log = logging.getLogger(__name__)
 class RankExchange:
     """All-gather small float vectors from every rank. Inactive (identity) in single-process runs."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
+        """With `timeout_s`, join the job's ranks (a collective: every rank must call it); without, stay local."""
         self.world_size = 1
         self.rank = 0
         self._group: object | None = None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if timeout_s is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.world_size = dist.get_world_size()
             self.rank = dist.get_rank()
             # Every rank creates the group at setup, in the same order: new_group is itself collective.

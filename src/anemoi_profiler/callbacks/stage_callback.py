@@ -9,12 +9,15 @@ log intervals.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from .. import trainer_info
 from .base import ProfilerCallback, guarded
 from .intervals import Lap, StageMeter, resolve
+
+log = logging.getLogger(__name__)
 
 STAGES = ("train", "val")
 # What each rank contributes per exchange, in this order.
@@ -26,6 +29,9 @@ class StageCallback(ProfilerCallback):
         device = trainer_info.root_device(trainer)
         self.meters = {stage: StageMeter(device) for stage in STAGES}
         self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
+        # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
+        self.exchanged: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
+        self.reporting = True
         self.train_batches_seen = 0
         self._last_batch_end: float | None = None
         self._batch_start = 0.0
@@ -124,11 +130,42 @@ class StageCallback(ProfilerCallback):
                 self.totals[stage][key] += value
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = None if self.session.failed else self.session.exchange.gather([local[k] for k in TOTAL_KEYS])
-        if laps:
+        if ranks:
+            sums = self.exchanged[stage] or [[0.0] * len(TOTAL_KEYS) for _ in ranks]
+            for rank_sums, rank_values in zip(sums, ranks, strict=True):
+                for index, value in enumerate(rank_values):
+                    rank_sums[index] += value
+            self.exchanged[stage] = sums
+        if laps and self.reporting:
+            self._report_laps(trainer, stage, laps, ranks)
+
+    def _report_laps(
+        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None
+    ) -> None:
+        """Run `on_laps`, whose work is rank 0's alone, so that an error there cannot stop this rank's exchanges.
+
+        Disabling the whole callback on one rank would leave the others waiting for it in the next exchange
+        for `distributed.timeout_s`, and pair their collectives with another callback's.
+        """
+        try:
             self.on_laps(trainer, stage, laps, ranks)
+        except Exception as error:
+            self.reporting = False
+            log.warning(
+                "anemoi-profiler: %s stopped logging interval metrics after an error: %s: %s (training continues)",
+                type(self).__name__,
+                type(error).__name__,
+                error,
+            )
 
     def gathered_totals(self, stage: str) -> list[list[float]]:
-        """Every rank's totals for the stage at the end (only this rank's after a failure)."""
+        """Every rank's totals for the stage at the end.
+
+        Once the ranks can no longer exchange (one failed), the totals of the intervals they all exchanged
+        before: this rank's own totals alone would pass for the sum over ranks.
+        """
         local = [self.totals[stage][key] for key in TOTAL_KEYS]
+        if self.session.world_size == 1:
+            return [local]
         ranks = None if self.session.failed else self.session.exchange.gather(local)
-        return ranks or [local]
+        return ranks or self.exchanged[stage]

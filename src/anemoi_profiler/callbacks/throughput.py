@@ -176,7 +176,7 @@ class ThroughputCallback(StageCallback):
                     values[f"{name}_percent"] = (value * 100, "%")
                 else:
                     values[name] = (value, "/s")
-            if rates:
+            if rates and ranks:
                 values[f"{stage}/measured_batches"] = (int(sum(r[0] for r in ranks)), "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")

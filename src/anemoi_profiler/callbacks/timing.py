@@ -79,7 +79,7 @@ class StepTimingCallback(StageCallback):
             for key, value in across.items():
                 name = key.split("/", 1)[1]
                 summary[f"summary/{name}"] = value
-                values[name] = (value, "" if name.endswith("slowest_rank") else "ms")
+                values[name] = (int(value), "") if name.endswith("slowest_rank") else (value, "ms")
         train = self.totals["train"]
         if train["elapsed_s"] > 0:
             values["train/dataloader_wait_share"] = (train["wait_s"] / train["elapsed_s"] * 100, "%")

@@ -1,0 +1,163 @@
+"""Train a small model with DDP and the anemoi-profiler callbacks: the launch example for several processes.
+
+Lightning's own launcher (this script starts the other processes of the node itself):
+
+    python examples/ddp_train.py --devices 2 --max-steps 50
+
+torchrun, one launcher per node (here two "nodes" on one machine; on a cluster use the first node's address):
+
+    torchrun --nproc_per_node 2 examples/ddp_train.py --devices 2
+    torchrun --nnodes 2 --nproc_per_node 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 29500 \\
+        examples/ddp_train.py --devices 1 --num-nodes 2          # and the same with --node_rank 1
+
+The job gets one run folder and one MLflow run (rank 0 creates both and tells the others), whatever the
+launcher. Pass profiler options as `key=value` after the flags, e.g. `distributed.profiled_ranks=[1]`.
+`--fail-on-rank R --fail-at-step N` makes one rank raise, to see the job end instead of hanging; with
+`DDP_TRAIN_DUMP_STACKS_AFTER_S=S` in the environment every process prints its Python stacks after S seconds,
+which shows where a process waits if it ever does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import sys
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import MLFlowLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.tracking import artifact_location_for, resolve_tracking_uri
+
+FEATURES = 32
+
+
+class SmallRegressor(pl.LightningModule):
+    """A two-layer MLP; `fail_on_rank`/`fail_at_step` make one rank raise in training_step."""
+
+    def __init__(self, width: int = 64, fail_on_rank: int | None = None, fail_at_step: int = 0) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, width), nn.ReLU(), nn.Linear(width, 1))
+        self.fail_on_rank = fail_on_rank
+        self.fail_at_step = fail_at_step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_rank == self.fail_on_rank and self.global_step >= self.fail_at_step:
+            raise RuntimeError(f"injected failure on rank {self.global_rank} at step {self.global_step}")
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def synthetic_data(samples: int, seed: int) -> TensorDataset:
+    """The same random regression data on every rank; Lightning's DistributedSampler splits it."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=generator)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--config", help="profiler YAML file")
+    source.add_argument("--preset", choices=["simple", "detailed"], help="profiler preset (default: simple)")
+    parser.add_argument("--devices", type=int, default=2, help="processes per node")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--strategy", default="ddp", help="Lightning strategy name (default: ddp)")
+    parser.add_argument("--max-steps", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=8, help="samples per rank and step")
+    parser.add_argument("--val-batches", type=int, default=4, help="validation batches per rank at the epoch end")
+    parser.add_argument("--output-dir", help="profiler output_dir (run folders and the embedded mlflow.db)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the embedded sqlite store)")
+    parser.add_argument("--mlflow-logger", action="store_true", help="also log the loss with an MLFlowLogger")
+    parser.add_argument("--fail-on-rank", type=int, help="global rank that raises in training_step")
+    parser.add_argument("--fail-at-step", type=int, default=5, help="step at which --fail-on-rank raises")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="profiler config overrides")
+    return parser.parse_args(argv)
+
+
+def profiler_config(args: argparse.Namespace) -> ProfilerConfig:
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.tracking_uri:
+        overrides.append(f"tracking.uri={args.tracking_uri}")
+    return ProfilerConfig.load(args.config or args.preset or "simple", overrides)
+
+
+def will_be_global_rank_zero() -> bool:
+    """Whether this process becomes global rank 0, read from the launcher's environment before the Trainer exists.
+
+    torchrun and SLURM set RANK/SLURM_PROCID; Lightning's launcher starts as local rank 0 of its node and sets
+    LOCAL_RANK in the processes it starts.
+    """
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key]) == 0
+    return int(os.environ.get("NODE_RANK", 0)) == 0 and int(os.environ.get("LOCAL_RANK", 0)) == 0
+
+
+def mlflow_logger(config: ProfilerConfig) -> MLFlowLogger | bool:
+    """A logger on the profiler's store, on rank 0 only; the profiler writes into the logger's run.
+
+    MLFlowLogger opens its store when it is built. Under torchrun every process builds it at the same moment,
+    and on a new sqlite file they all create the tables at once: all but one fail (alembic CommandError).
+    Rank 0 alone logs to MLflow anyway, and the profiler tells the other ranks its run id.
+    """
+    if not will_be_global_rank_zero():
+        return False
+    tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
+    return MLFlowLogger(
+        experiment_name=config.tracking.experiment,
+        tracking_uri=tracking_uri,
+        artifact_location=artifact_location_for(tracking_uri),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    dump_after_s = os.environ.get("DDP_TRAIN_DUMP_STACKS_AFTER_S")
+    if dump_after_s:
+        faulthandler.dump_traceback_later(float(dump_after_s), exit=False)
+    args = parse_args(argv)
+    config = profiler_config(args)
+    torch.manual_seed(0)
+    world_size = args.devices * args.num_nodes
+    # One epoch of exactly max_steps batches per rank, then one validation run.
+    train = DataLoader(synthetic_data(args.max_steps * args.batch_size * world_size, seed=0), args.batch_size)
+    val = DataLoader(synthetic_data(args.val_batches * args.batch_size * world_size, seed=1), args.batch_size)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        strategy=args.strategy,
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        max_steps=args.max_steps,
+        limit_val_batches=args.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=config.log_every_n_steps,
+        callbacks=build_callbacks(config),
+        logger=mlflow_logger(config) if args.mlflow_logger else False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=sys.stdout.isatty(),
+    )
+    trainer.fit(SmallRegressor(fail_on_rank=args.fail_on_rank, fail_at_step=args.fail_at_step), train, val)
+
+
+if __name__ == "__main__":
+    main()
