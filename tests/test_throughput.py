@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import ProfilerConfig, ThroughputCallback
+from anemoi_profiler import ProfilerConfig, ThroughputCallback, build_callbacks
 from anemoi_profiler.callbacks.intervals import batch_size_of
 from anemoi_profiler.flops import dense_peak_flops
 from anemoi_profiler.session import run_folders
@@ -183,3 +183,35 @@ def test_mfu_from_measured_flops_with_a_user_peak(tmp_path: Path) -> None:
     throughput = read_report(tmp_path)["sections"]["Throughput"]["data"]
     expected = throughput["train/device/samples_per_sec"] * callback.flops_per_sample / 1e12
     assert throughput["train/mfu_percent"] == pytest.approx(expected * 100)
+
+
+def test_the_profilers_own_export_work_is_not_counted_as_training_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window whose export takes 1 s (a slow disk) must not show up as slow training or data waiting."""
+    from anemoi_profiler.profiling.windows import ProfilingWindows
+
+    export = ProfilingWindows._on_window
+
+    def slow_export(self: ProfilingWindows, *args: Any) -> None:
+        time.sleep(1.0)
+        export(self, *args)
+
+    monkeypatch.setattr(ProfilingWindows, "_on_window", slow_export)
+    rates = {}
+    for profiled in (False, True):
+        output_dir = tmp_path / str(profiled)
+        config = ProfilerConfig.load(
+            None,
+            [f"output_dir={output_dir}", "tracking.enabled=false", "system.enabled=false", "report.console=false",
+             "throughput.warmup_steps=2", "log_every_n_steps=10", f"profiler.enabled={profiled}",
+             "profiler.validation=false", "profiler.train.skip_first=5", "profiler.train.wait=0",
+             "profiler.train.warmup=1", "profiler.train.active=2"],
+        )  # fmt: skip
+        train, _ = loaders(n_train=40 * 8, batch_size=8)
+        trainer(build_callbacks(config)).fit(TinyRegressor(step_sleep_s=0.02), train)
+        report = read_report(output_dir)["sections"]
+        rates[profiled] = report["Throughput"]["data"]["train/samples_per_sec"]
+        # 38 measured batches of ~20 ms: one second of export counted as waiting would add ~26 ms a batch
+        assert report["Step time and memory"]["data"]["train/dataloader_wait_ms"] < 5
+    assert rates[True] == pytest.approx(rates[False], rel=0.15)

@@ -19,6 +19,7 @@ from .config import ProfilerConfig
 from .distributed import RankExchange
 from .environment import collect_environment
 from .metric_history import MetricHistory
+from .overhead import OverheadClock
 from .redaction import redact, redact_uri
 from .report import ReportSection, RunReport
 from .tracking import TrackingSink, resolve_tracking_uri
@@ -64,7 +65,8 @@ class ProfilerSession:
         self.history = MetricHistory()
         self._started = 0.0
         self._status = "FINISHED"
-        self.exchange = RankExchange(self.config.distributed.timeout_s)
+        self.exchange = RankExchange()  # local until the session starts on every rank
+        self.overhead = OverheadClock()
 
     @property
     def failed(self) -> bool:

@@ -8,6 +8,7 @@ reading them does not stall the queue. On CPU, boundaries are `perf_counter` rea
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -34,16 +35,25 @@ class Lap:
     wait_s: float
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
+    # The profiler's own work (trace export, snapshot dump) inside the segments, taken out of the time.
+    excluded_s: float = 0.0
 
     def elapsed_s(self) -> float:
-        return sum(_elapsed_s(start, end) for start, end in self.segments)
+        return sum(_elapsed_s(start, end) for start, end in self.segments) - self.excluded_s
 
 
 class StageMeter:
-    """Counts and times one stage (train or val); paused while another stage runs."""
+    """Counts and times one stage (train or val); paused while another stage runs.
 
-    def __init__(self, device: torch.device) -> None:
+    `overhead()` reads the profiler's own accumulated work time (see `overhead.OverheadClock`); what
+    accumulates while the meter runs is taken out of its laps.
+    """
+
+    def __init__(self, device: torch.device, overhead: Callable[[], float] = lambda: 0.0) -> None:
         self._cuda = device.type == "cuda"
+        self._overhead = overhead
+        self._overhead_at_open = 0.0
+        self._excluded_s = 0.0
         self._open: Marker | None = None
         self._segments: list[tuple[Marker, Marker]] = []
         self.batches = 0
@@ -66,11 +76,13 @@ class StageMeter:
     def start(self) -> None:
         if self._open is None:
             self._open = self._mark()
+            self._overhead_at_open = self._overhead()
 
     def stop(self) -> None:
         if self._open is not None:
             self._segments.append((self._open, self._mark()))
             self._open = None
+            self._excluded_s += self._overhead() - self._overhead_at_open
 
     def count(self, samples: int, items: int, wait_s: float) -> None:
         self.batches += 1
@@ -84,10 +96,14 @@ class StageMeter:
             marker = self._mark()
             self._segments.append((self._open, marker))
             self._open = marker
+            now = self._overhead()
+            self._excluded_s += now - self._overhead_at_open
+            self._overhead_at_open = now
         if self.batches:
-            self._pending.append(
-                Lap(step, self.batches, self._samples, self._items, self._wait_s, self._segments, extras or {})
-            )
+            lap = Lap(step, self.batches, self._samples, self._items, self._wait_s, self._segments, extras or {})
+            lap.excluded_s = self._excluded_s
+            self._pending.append(lap)
+        self._excluded_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0
         self._wait_s = 0.0

@@ -122,7 +122,8 @@ class MemorySnapshotCallback(ProfilerCallback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.batches_seen += 1
         if self.batches_seen == self.window_end:
-            self._dump_window()
+            with self.session.overhead.measure():
+                self._dump_window()
 
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

@@ -27,7 +27,9 @@ TOTAL_KEYS = ("batches", "samples", "items", "wait_s", "elapsed_s")
 class StageCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         device = trainer_info.root_device(trainer)
-        self.meters = {stage: StageMeter(device) for stage in STAGES}
+        overhead = self.session.overhead
+        self.meters = {stage: StageMeter(device, lambda: overhead.total_s) for stage in STAGES}
+        self._overhead_at_batch_end = 0.0
         self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
         self.exchanged: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
@@ -70,6 +72,7 @@ class StageCallback(ProfilerCallback):
         elif self.train_batches_seen == self.config.throughput.warmup_steps:
             meter.start()
         self._last_batch_end = time.perf_counter()
+        self._overhead_at_batch_end = self.session.overhead.total_s
 
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
@@ -103,6 +106,7 @@ class StageCallback(ProfilerCallback):
         if meter.batches >= self.config.log_every_n_steps:
             self._lap(trainer, "val")
         self._last_batch_end = time.perf_counter()
+        self._overhead_at_batch_end = self.session.overhead.total_s
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -116,8 +120,12 @@ class StageCallback(ProfilerCallback):
 
     # ---- helpers ----
     def _wait_before_batch(self) -> float:
-        """Host time between the previous batch's end and this batch's start: mostly waiting for data."""
-        return self._batch_start - self._last_batch_end if self._last_batch_end is not None else 0.0
+        """Host time between the previous batch's end and this batch's start, the profiler's own work taken
+        out: mostly waiting for data (other callbacks' end-of-batch work counts too)."""
+        if self._last_batch_end is None:
+            return 0.0
+        profiler_work = self.session.overhead.total_s - self._overhead_at_batch_end
+        return max(0.0, self._batch_start - self._last_batch_end - profiler_work)
 
     def _lap(self, trainer: Any, stage: str, final: bool = False) -> None:
         meter = self.meters[stage]

@@ -182,9 +182,10 @@ class TorchProfilerCallback(ProfilerCallback):
         if recorder is None:
             return
         finished = self._batches[stage] - 1
-        self._windows.batch_ended(recorder, finished)
-        if finished + 1 >= self._spans[stage][1]:
-            self._stop(stage)
+        with self.session.overhead.measure():  # trace export and tables: not training time
+            self._windows.batch_ended(recorder, finished)
+            if finished + 1 >= self._spans[stage][1]:
+                self._stop(stage)
 
     def _durations_add(self, name: str, since: float) -> None:
         assert self._windows is not None
