@@ -1,0 +1,243 @@
+"""`anemoi-profiler compare A B`: two runs side by side, with what got worse marked as a regression.
+
+A is the baseline, B the candidate: differences are B - A, and a regression is B worse than A by more than
+the threshold in the direction that matters (lower throughput, longer steps, more memory). Runs are read
+from their run folders (or downloaded from MLflow), so a comparison needs no tracking server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .report import format_value, plain_table
+from .run_data import RunData, RunFolderError, load_run, resolve_run
+
+REGRESSION_THRESHOLD_PCT = 5.0
+"""Relative change in the worse direction above which a difference is a regression (run-to-run noise of
+step times on a quiet machine is a few percent)."""
+TOP_OPERATORS = 10
+MAX_NAME_TEXT = 70
+OPERATOR_MIN_SHARE = 0.01
+"""An operator's change smaller than this share of the baseline's step time is noise, whatever its percent."""
+Status = Literal["regression", "improvement", ""]
+
+COMPARED: tuple[tuple[str, str, str, bool], ...] = (
+    ("throughput/train/samples_per_sec", "training samples/s", "/s", True),
+    ("throughput/train/items_per_sec", "training items/s", "/s", True),
+    ("throughput/val/samples_per_sec", "validation samples/s", "/s", True),
+    ("throughput/train/mfu", "MFU", "%", True),
+    ("time/train/step_ms", "training step", "ms", False),
+    ("time/train/dataloader_wait_ms", "dataloader wait", "ms", False),
+    ("time/train/step_ms_max", "slowest rank's step", "ms", False),
+    ("time/val/step_ms", "validation step", "ms", False),
+    ("memory/peak_allocated_mb", "peak allocated (GPU)", "MB", False),
+    ("memory/peak_reserved_mb", "peak reserved (GPU)", "MB", False),
+    ("memory/cpu_rss_mb", "process RSS (CPU)", "MB", False),
+)
+"""Metrics compared: key, label, unit, whether higher is better. Rates and times as the median log interval
+has them (`RunData.typical`: an interval slowed by a trace export does not decide), memory at its peak."""
+OVERLAID = {"throughput/train/samples_per_sec": "Training samples/s", "time/train/step_ms": "Training step ms"}
+"""Metrics drawn for both runs over the steps on the HTML page."""
+_CONTEXT = ("model", "device", "world size", "precision", "strategy", "versions")
+"""What should match for a fair comparison; differences are listed above the numbers."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    label: str
+    a: float | None
+    b: float | None
+    unit: str
+    higher_is_better: bool
+    threshold_pct: float
+    min_delta: float = 0.0
+    """Smaller absolute changes are never a regression or an improvement."""
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def pct(self) -> float | None:
+        return None if self.delta is None or not self.a else 100 * self.delta / abs(self.a)
+
+    @property
+    def status(self) -> Status:
+        if self.pct is None or abs(self.pct) <= self.threshold_pct or abs(self.delta or 0.0) < self.min_delta:
+            return ""
+        worse = self.pct < 0 if self.higher_is_better else self.pct > 0
+        return "regression" if worse else "improvement"
+
+    def cells(self) -> list[str]:
+        delta = "n/a" if self.delta is None else ("+" if self.delta > 0 else "") + format_value(self.delta)
+        pct = "n/a" if self.pct is None else f"{self.pct:+.1f}%"
+        return [self.label, format_value(self.a, self.unit), format_value(self.b, self.unit), delta, pct,
+                self.status.upper() if self.status == "regression" else self.status]  # fmt: skip
+
+
+@dataclass
+class Comparison:
+    a: RunData
+    b: RunData
+    metrics: list[Difference]
+    operators: list[Difference]
+    operator_scope: str
+    threshold_pct: float
+
+    @property
+    def regressions(self) -> list[Difference]:
+        return [d for d in self.metrics + self.operators if d.status == "regression"]
+
+    def mismatched_context(self) -> dict[str, tuple[str, str]]:
+        a, b = self.a.describe(), self.b.describe()
+        return {key: (str(a.get(key)), str(b.get(key))) for key in _CONTEXT if a.get(key) != b.get(key)}
+
+
+def compare_runs(a: RunData, b: RunData, threshold_pct: float = REGRESSION_THRESHOLD_PCT) -> Comparison:
+    compared = [(label, _value(a, key), _value(b, key), unit, higher) for key, label, unit, higher in COMPARED]
+    metrics = [
+        Difference(label, value_a, value_b, unit, higher, threshold_pct)
+        for label, value_a, value_b, unit, higher in compared
+        if value_a is not None or value_b is not None
+    ]
+    device = _has_device_times(a) and _has_device_times(b)
+    column = "self_device_ms" if device else "self_cpu_ms"
+    ops_a, ops_b = _ms_per_step(a, column), _ms_per_step(b, column)
+    busiest = sorted(set(ops_a) | set(ops_b), key=lambda op: max(ops_a.get(op, 0.0), ops_b.get(op, 0.0)), reverse=True)
+    noise = OPERATOR_MIN_SHARE * (a.summary("train/step_ms") or sum(ops_a.values()))
+    operators = [
+        Difference(name, ops_a.get(name), ops_b.get(name), "ms", False, threshold_pct, noise)
+        for name in busiest[:TOP_OPERATORS]
+    ]
+    scope = f"training, self {'device' if device else 'CPU'} ms per profiled step"
+    return Comparison(a, b, metrics, operators, scope, threshold_pct)
+
+
+def format_text(comparison: Comparison) -> str:
+    a, b = comparison.a, comparison.b
+    lines = [f"A (baseline): {a.folder}", f"B:            {b.folder}"]
+    lines += [f"  differ in {key}: A {va} | B {vb}" for key, (va, vb) in comparison.mismatched_context().items()]
+    columns = ["", "A", "B", "B - A", "%", ""]
+    lines += ["", *plain_table(columns, [d.cells() for d in comparison.metrics])]
+    if comparison.operators:
+        lines += ["", f"Top operators ({comparison.operator_scope})"]
+        rows = [[_shorten(d.label), *d.cells()[1:]] for d in comparison.operators]
+        lines += plain_table(["operator", *columns[1:]], rows)
+    regressions = comparison.regressions
+    threshold = comparison.threshold_pct
+    if regressions:
+        listed = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
+        lines += ["", f"{len(regressions)} REGRESSION(S) (B worse than A by more than {threshold:g}%): {listed}"]
+    else:
+        lines += ["", f"No regression above {threshold:g}%."]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(comparison: Comparison) -> str:
+    from .html_report import esc, html_page, html_table  # matplotlib only when a page is asked for
+
+    a, b = comparison.a, comparison.b
+    described_a, described_b = a.describe(), b.describe()
+    keys = list(dict.fromkeys([*described_a, *described_b]))
+    runs = html_table(["", "A (baseline)", "B"], [[k, described_a.get(k, ""), described_b.get(k, "")] for k in keys])
+    columns = ["", "A", "B", "B - A", "%", ""]
+    parts = [f"<h1>Comparison: {esc(a.title)} vs {esc(b.title)}</h1>", runs]
+    regressions = comparison.regressions
+    summary = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
+    parts.append(
+        f"<p><b>{len(regressions)} regression(s)</b>: {esc(summary)}</p>" if regressions else "<p>No regression.</p>"
+    )
+    parts.append(_table(columns, comparison.metrics))
+    if comparison.operators:
+        parts.append(f"<h2>Top operators ({esc(comparison.operator_scope)})</h2>")
+        parts.append(_table(["operator", *columns[1:]], comparison.operators, name_column=True))
+    parts.append("<h2>Over the run</h2><div class='plots'>")
+    for key, title in OVERLAID.items():
+        if a.series(key)[0] or b.series(key)[0]:
+            parts.append(f"<figure>{_overlay(key, title, a, b)}</figure>")
+    parts.append("</div>")
+    return html_page(f"compare {a.folder.name} {b.folder.name}", "".join(parts))
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("baseline", metavar="A", help="baseline: run folder or MLflow run id")
+    parser.add_argument("candidate", metavar="B", help="candidate: run folder or MLflow run id")
+    parser.add_argument("--html", type=Path, help="also write the comparison as a self-contained HTML page")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=REGRESSION_THRESHOLD_PCT,
+        help=f"percent change for the worse that counts as a regression (default: {REGRESSION_THRESHOLD_PCT:g})",
+    )
+    parser.add_argument("--tracking-uri", help="MLflow to download runs from (default: $MLFLOW_TRACKING_URI)")
+
+
+def run_compare_cli(args: argparse.Namespace) -> int:
+    """Print the comparison (and write --html); 0, or 1 after a one-line error."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="anemoi-profiler-compare-") as downloads:
+            a, b = (
+                load_run(resolve_run(target, args.tracking_uri, Path(downloads) / side))
+                for side, target in (("a", args.baseline), ("b", args.candidate))
+            )
+            comparison = compare_runs(a, b, args.threshold)
+            if args.html:
+                args.html.write_text(render_html(comparison), encoding="utf-8")
+    except (RunFolderError, OSError) as error:
+        print(f"anemoi-profiler compare: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    print(format_text(comparison), end="")
+    if args.html:
+        print(f"written: {args.html}")
+    return 0
+
+
+def _shorten(name: str) -> str:
+    """Kernel names run to hundreds of characters of C++ templates; the console gets their start."""
+    return name if len(name) <= MAX_NAME_TEXT else name[: MAX_NAME_TEXT - 3] + "..."
+
+
+def _value(run: RunData, key: str) -> float | None:
+    value = run.summary(key) if key.startswith("memory/") else run.typical(key)
+    return value * 100 if value is not None and key.endswith("mfu") else value
+
+
+def _has_device_times(run: RunData) -> bool:
+    return any(w.get("device") for w in run.operator_windows("train"))
+
+
+def _ms_per_step(run: RunData, column: str) -> dict[str, float]:
+    """Each operator's time per profiled training step, over all training windows (windows differ in length)."""
+    windows = run.operator_windows("train")
+    steps = sum(int(w.get("steps") or 0) for w in windows)
+    totals: dict[str, float] = {}
+    for window in windows:
+        for op in window.get("operators") or []:
+            totals[op["operator"]] = totals.get(op["operator"], 0.0) + float(op.get(column) or 0.0)
+    return {name: total / steps for name, total in totals.items()} if steps else {}
+
+
+def _table(columns: list[str], differences: list[Difference], name_column: bool = False) -> str:
+    from .html_report import html_table
+
+    rows = [d.cells() for d in differences]
+    return html_table(columns, rows, name_column=name_column, row_classes=[d.status for d in differences])
+
+
+def _overlay(key: str, title: str, a: RunData, b: RunData) -> str:
+    from .plots import new_figure, svg_markup
+
+    figure, axes = new_figure(title)
+    for name, run in (("A", a), ("B", b)):
+        steps, values = run.series(key)
+        if steps:
+            axes.plot(steps, values, marker="o", label=f"{name}: {run.folder.name}")
+    axes.set_xlabel("step")
+    axes.set_ylim(bottom=0)
+    axes.legend(loc="best", fontsize="small")
+    return svg_markup(figure, f"{key.replace('/', '-')}-")

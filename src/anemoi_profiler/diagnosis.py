@@ -1,0 +1,337 @@
+"""What limits this run: a few verdicts, each with the number behind it and one concrete next step.
+
+The anchor tools show measurements (Lightning's throughput, MLflow's system metrics, HTA's breakdowns) and
+leave the conclusion to the reader; this draws it. Pure functions over `RunData` (read back from the run
+folder), so the end-of-run report, `anemoi-profiler report` and the tests give the same answer. Every
+threshold is a module constant, listed in docs/reports.md. Step times, data wait and MFU are those of a
+typical log interval (`RunData.typical`): an interval in which the profiler exported a trace does not decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Literal
+
+from .report import ReportSection
+from .run_data import TYPICAL_MIN_INTERVALS, RunData, load_run
+
+log = logging.getLogger(__name__)
+
+Severity = Literal["high", "medium", "info"]
+SEVERITY_ORDER: tuple[Severity, ...] = ("high", "medium", "info")
+TITLE = "Diagnosis"
+
+DATALOADER_WAIT_SHARE = 0.15
+"""Share of training step time spent waiting for the next batch above which the run is dataloader-bound."""
+DATALOADER_WAIT_SHARE_HIGH = 0.40
+HOST_WAIT_SHARE = 0.15
+"""Share of the step time not spent waiting for data in which the GPU sits idle waiting for the host (HTA's
+idle breakdown) above which the run is host-bound."""
+HOST_WAIT_SHARE_HIGH = 0.40
+"""Share of the whole step time above which host-bound is high severity."""
+DEVICE_BUSY_UNKNOWN_IDLE = 0.40
+"""Without HTA: the same share, from kernel time per step (1 - kernel time - data wait). Higher than
+HOST_WAIT_SHARE because the time report lists only the top operators, so kernel time is a lower bound."""
+COMM_OVERLAP_LOW_PCT = 50.0
+"""HTA's communication/computation overlap (% of communication time hidden behind compute) below which
+communication is exposed."""
+COMM_KERNEL_SHARE_MIN_PCT = 10.0
+"""Communication kernels' share of GPU kernel time below which exposed communication is not worth acting on."""
+COMM_KERNEL_SHARE_HIGH_PCT = 30.0
+SLOW_RANK_RATIO = 1.15
+"""Slowest rank's step time over the mean over ranks above which one rank holds the others back."""
+SLOW_RANK_RATIO_HIGH = 1.5
+MEMORY_NEAR_LIMIT = 0.90
+"""Peak reserved (or allocated) memory over device memory above which the run is near out-of-memory."""
+MEMORY_HEADROOM = 0.50
+"""Peak allocated memory over device memory below which a larger batch fits."""
+MAX_BATCH_FACTOR = 8
+"""Larger batch factors than this are not spelled out: optimisation, not memory, limits them."""
+MFU_LOW = 0.30
+"""Model FLOPs utilisation below which the device's arithmetic is mostly unused."""
+MFU_VERY_LOW = 0.10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    severity: Severity
+    value: str
+    """The number behind the verdict, with what it was compared to."""
+    message: str
+    """What it means for this run."""
+    next_step: str
+
+
+@dataclass(frozen=True)
+class NotAssessed:
+    """A check that the run's data cannot answer, and why (a CPU run has no device memory to compare)."""
+
+    reason: str
+
+
+Outcome = Verdict | NotAssessed | None
+"""What a check finds: a verdict, why it could not look, or None when it looked and found nothing."""
+
+
+def dataloader_bound(run: RunData) -> Outcome:
+    step_ms, wait_ms = run.typical("time/train/step_ms"), run.typical("time/train/dataloader_wait_ms")
+    if not step_ms or wait_ms is None:
+        return NotAssessed("no training step times: timing off, or no batch after the warmup")
+    share = wait_ms / step_ms
+    if share < DATALOADER_WAIT_SHARE:
+        return None
+    intervals = len(run.series("time/train/step_ms")[1])
+    source = f", median of {intervals} log intervals" if intervals >= TYPICAL_MIN_INTERVALS else ""
+    return Verdict(
+        "dataloader-bound",
+        "high" if share >= DATALOADER_WAIT_SHARE_HIGH else "medium",
+        f"{share:.0%} of training step time waits for data ({wait_ms:.1f} of {step_ms:.1f} ms per batch{source})",
+        "The training loop waits for the next batch: the input pipeline, not the model, sets the pace.",
+        "Raise the DataLoader's num_workers (about one per free CPU core), set pin_memory=True and "
+        "persistent_workers=True (prefetch_factor for bursty loading); move decoding and augmentation out of "
+        "__getitem__ or precompute them.",
+    )
+
+
+def host_bound(run: RunData) -> Outcome:
+    """GPU idle because the host does not launch work fast enough: HTA's idle breakdown, else kernel time.
+
+    Data wait also starves the GPU; it is the dataloader verdict's, so only the idle time beyond it counts,
+    judged against the time the step does not spend waiting for data (what remains once data is fixed).
+    """
+    if not run.on_gpu:
+        return NotAssessed("CPU run, the host is the device")
+    idle = _by_rank(run, "idle_pct")
+    host_wait = _by_rank(run, "idle_host_wait_share_pct")
+    ranks = sorted(set(idle) & set(host_wait))
+    if ranks:
+        waiting = mean(idle[r] * host_wait[r] for r in ranks) / 1e4
+        windows = ", ".join(sorted({v.window for v in run.hta_values() if v.name == "idle_pct"}))
+        evidence = (
+            f"HTA over {windows or 'the traces'}: GPU idle {mean(idle[r] for r in ranks):.0f}%, "
+            f"{mean(host_wait[r] for r in ranks):.0f}% of it waiting for the host"
+        )
+        threshold = HOST_WAIT_SHARE
+    else:
+        busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical("time/train/step_ms")
+        if busy_ms is None or not step_ms:
+            return NotAssessed("no HTA idle breakdown and no device times in the time report")
+        waiting = 1.0 - busy_ms / step_ms
+        evidence = f"GPU kernels busy {busy_ms:.1f} of {step_ms:.1f} ms per step, top operators of the profiled steps"
+        threshold = DEVICE_BUSY_UNKNOWN_IDLE
+    data_share = min(_data_wait_share(run), 1.0)
+    beyond_data = max(waiting - data_share, 0.0)
+    of_the_rest = beyond_data / (1.0 - data_share) if data_share < 1.0 else 0.0
+    if of_the_rest < threshold:
+        return None
+    if data_share >= 0.01:
+        value = (
+            f"beyond the {data_share:.0%} data wait, the GPU waits for the host {beyond_data:.0%} of the step, "
+            f"{of_the_rest:.0%} of the time left ({evidence})"
+        )
+    else:
+        value = f"the GPU waits for the host {beyond_data:.0%} of the step ({evidence})"
+    return Verdict(
+        "host-bound",
+        "high" if beyond_data >= HOST_WAIT_SHARE_HIGH else "medium",
+        value,
+        "The GPU finishes its kernels faster than Python and the launch path issue them: it waits for the host.",
+        "Give each launch more work: a larger batch, torch.compile to fuse small kernels, CUDA graphs "
+        '(torch.compile(mode="reduce-overhead")); remove host syncs from the step (.item(), .cpu(), printing '
+        "tensors, sync_dist=True on every log).",
+    )
+
+
+def communication_bound(run: RunData) -> Outcome:
+    overlap = _by_rank(run, "comm_comp_overlap_pct")
+    if not overlap:
+        return NotAssessed("no HTA communication analysis: one process, no NCCL kernels, or HTA off")
+    shares = [v.value for v in run.hta_values() if v.rank is None and v.name == "communication_kernel_time_pct"]
+    comm_share = mean(shares) if shares else None
+    mean_overlap = mean(overlap.values())
+    if mean_overlap >= COMM_OVERLAP_LOW_PCT or (comm_share is not None and comm_share < COMM_KERNEL_SHARE_MIN_PCT):
+        return None
+    worst = min(overlap, key=overlap.get)
+    of_kernels = f"communication kernels {comm_share:.0f}% of GPU kernel time; " if comm_share is not None else ""
+    return Verdict(
+        "communication-bound",
+        "high" if comm_share is not None and comm_share >= COMM_KERNEL_SHARE_HIGH_PCT else "medium",
+        f"{of_kernels}{mean_overlap:.0f}% of communication time overlaps compute "
+        f"(HTA; least: rank {worst}, {overlap[worst]:.0f}%)",
+        "Collectives run while the GPU has no compute to hide them behind, so every step waits for the network.",
+        "Overlap gradient reduction with backward (DDP: gradient_as_bucket_view=True, tune bucket_cap_mb; FSDP: "
+        "backward_prefetch, forward_prefetch); fewer, larger collectives; check the transport with "
+        "NCCL_DEBUG=INFO.",
+    )
+
+
+def slow_rank(run: RunData) -> Outcome:
+    mean_ms, max_ms = run.typical("time/train/step_ms"), run.typical("time/train/step_ms_max")
+    if max_ms is None or not mean_ms:
+        return NotAssessed("one rank")
+    ratio = max_ms / mean_ms
+    if ratio < SLOW_RANK_RATIO:
+        return None
+    rank = run.summary("train/slowest_rank")
+    which = f"rank {rank:.0f}" if rank is not None else "the slowest rank"
+    return Verdict(
+        "slow rank",
+        "high" if ratio >= SLOW_RANK_RATIO_HIGH else "medium",
+        f"{which} takes {ratio - 1:.0%} longer per step than the mean ({max_ms:.1f} vs {mean_ms:.1f} ms)",
+        "Every collective waits for the slowest rank: the others idle, and their wait shows as communication.",
+        f"Look at {which}: its node's GPU clocks, temperature and utilisation (system metrics), its data shard "
+        "and storage, other jobs on the node; even out per-rank work (sequence lengths, padding).",
+    )
+
+
+def memory_use(run: RunData) -> Outcome:
+    """Near the limit (risk of OOM, allocator retries) or plenty of headroom (room for a larger batch)."""
+    capacity = run.device_memory_mb()
+    if not run.on_gpu or not capacity:
+        return NotAssessed("no CUDA device memory")
+    profiled = run.profiled_memory()
+    allocated = max(run.summary("memory/peak_allocated_mb") or 0.0, profiled.get("peak_allocated_mb", 0.0))
+    reserved = max(run.summary("memory/peak_reserved_mb") or 0.0, profiled.get("peak_reserved_mb", 0.0))
+    if not allocated:
+        return NotAssessed("no peak memory measured: timing off")
+    used = max(allocated, reserved) / capacity
+    trouble = int(profiled.get("alloc_retries", 0) + profiled.get("ooms", 0))
+    if used >= MEMORY_NEAR_LIMIT or trouble:
+        retries = f"; {trouble} allocation retries or OOMs in profiled steps" if trouble else ""
+        return Verdict(
+            "memory near the limit",
+            "high" if trouble else "medium",
+            f"peak reserved {_size(reserved)} of {_size(capacity)} ({reserved / capacity:.0%}), "
+            f"peak allocated {_size(allocated)}{retries}",
+            "A longer sequence or a larger batch will run out of memory; allocator retries (free and retry) "
+            "already slow steps down when they happen.",
+            "Activation checkpointing of the largest blocks, bf16 mixed precision, a smaller micro-batch with "
+            "gradient accumulation, or shard weights and optimizer state (FSDP); against fragmentation set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+        )
+    if allocated / capacity > MEMORY_HEADROOM:
+        return None
+    return Verdict(
+        "memory headroom",
+        "info",
+        f"peak allocated {_size(allocated)} of {_size(capacity)} ({allocated / capacity:.0%})",
+        "Most of the device memory is unused: the GPU could get more work per step.",
+        f"Raise the batch size ({_batch_factor(capacity / allocated)} where activations dominate; weights and "
+        "optimizer state do not grow) and scale the learning rate, or turn off activation checkpointing if it is on.",
+    )
+
+
+def low_mfu(run: RunData) -> Outcome:
+    mfu = run.typical("throughput/train/mfu")
+    if mfu is None:
+        return NotAssessed("FLOPs per sample or the device's peak unknown, see throughput.device_peak_flops")
+    if mfu >= MFU_LOW:
+        return None
+    precision = str(run.environment.get("precision") or run.header.get("precision") or "")
+    if precision.startswith("32"):
+        next_step = (
+            'Train in bf16 mixed precision (Trainer(precision="bf16-mixed")): fp32 leaves the tensor cores idle; '
+            "then fix the limiters above."
+        )
+    else:
+        next_step = (
+            "Fix the limiters above first; then torch.compile to fuse memory-bound kernels, a fused optimizer "
+            "(AdamW(fused=True)), attention through scaled_dot_product_attention, matmul sizes in multiples of 64."
+        )
+    return Verdict(
+        "low MFU",
+        "high" if mfu < MFU_VERY_LOW else "medium",
+        f"MFU {mfu * 100:.2g}% of the dense {precision or 'training-precision'} peak (below {MFU_LOW:.0%})",
+        "The device's arithmetic is mostly unused: overheads and memory-bound kernels take the time.",
+        next_step,
+    )
+
+
+CHECKS: dict[str, Callable[[RunData], Outcome]] = {
+    "dataloader wait": dataloader_bound,
+    "host wait": host_bound,
+    "communication": communication_bound,
+    "rank balance": slow_rank,
+    "memory": memory_use,
+    "MFU": low_mfu,
+}
+
+
+def assess(run: RunData) -> dict[str, Outcome]:
+    """Every check's outcome; a check that fails on odd data is reported as not assessed, never raised."""
+    outcomes: dict[str, Outcome] = {}
+    for name, check in CHECKS.items():
+        try:
+            outcomes[name] = check(run)
+        except Exception as error:
+            outcomes[name] = NotAssessed(f"could not assess: {type(error).__name__}: {error}")
+    return outcomes
+
+
+def diagnose(run: RunData) -> list[Verdict]:
+    """The verdicts that fire, most severe first (check order within a severity)."""
+    return fired(assess(run))
+
+
+def diagnosis_section(run_dir: Path) -> ReportSection | None:
+    """The report's opening section, from the run folder's files; None (and a warning) if it cannot be made."""
+    try:
+        return render_section(assess(load_run(run_dir)))
+    except Exception as error:
+        log.warning("anemoi-profiler: no diagnosis: %s: %s", type(error).__name__, error)
+        return None
+
+
+def render_section(outcomes: dict[str, Outcome]) -> ReportSection:
+    verdicts = fired(outcomes)
+    not_assessed = {name: o.reason for name, o in outcomes.items() if isinstance(o, NotAssessed)}
+    rows: list[list[str]] = []
+    for verdict in verdicts:
+        rows += [
+            [f"[{verdict.severity}] {verdict.name}: {verdict.value}"],
+            [f"    {verdict.message}"],
+            [f"    Next: {verdict.next_step}"],
+        ]
+    if not verdicts:
+        checked = [name for name in outcomes if name not in not_assessed]
+        rows.append([f"No limiter found (checked with data: {', '.join(checked) or 'none'})."])
+    note = "Checked: " + ", ".join(outcomes) + ". Thresholds: docs/reports.md."
+    if not_assessed:
+        note += " Not assessed: " + "; ".join(f"{name} ({reason})" for name, reason in not_assessed.items()) + "."
+    data = {"verdicts": [asdict(v) for v in verdicts], "not_assessed": not_assessed}
+    return ReportSection(TITLE, [""], rows, data, note)
+
+
+def fired(outcomes: dict[str, Outcome]) -> list[Verdict]:
+    """The verdicts among the outcomes, most severe first."""
+    verdicts = [outcome for outcome in outcomes.values() if isinstance(outcome, Verdict)]
+    return sorted(verdicts, key=lambda v: SEVERITY_ORDER.index(v.severity))
+
+
+def _size(mb: float) -> str:
+    return f"{mb / 1e3:.1f} GB" if mb >= 1e3 else f"{mb:.0f} MB"
+
+
+def _batch_factor(free_ratio: float) -> str:
+    """How much larger a batch fits, said plainly (a model using 0.1% of the GPU does not fit 1000x)."""
+    factor = MEMORY_NEAR_LIMIT * free_ratio
+    return f"up to about {factor:.1f}x" if factor <= MAX_BATCH_FACTOR else f"{MAX_BATCH_FACTOR}x or more"
+
+
+def _data_wait_share(run: RunData) -> float:
+    step_ms, wait_ms = run.typical("time/train/step_ms"), run.typical("time/train/dataloader_wait_ms")
+    return wait_ms / step_ms if step_ms and wait_ms else 0.0
+
+
+def _by_rank(run: RunData, name: str) -> dict[int, float]:
+    """An HTA per-rank value of the training windows, averaged over windows."""
+    values: dict[int, list[float]] = {}
+    for value in run.hta_values():
+        if value.rank is not None and value.name == name:
+            values.setdefault(value.rank, []).append(value.value)
+    return {rank: mean(found) for rank, found in values.items()}

@@ -1,0 +1,60 @@
+"""`anemoi-profiler report <run folder | MLflow run id>`: the diagnosis and report.html again, from the files.
+
+For runs made before the diagnosis or the HTML page existed, and for runs only in MLflow: the report
+inputs of the run's `profiler/` artifacts are downloaded (never its traces). Input problems end with one
+line naming the cause and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .diagnosis import TITLE as DIAGNOSIS_TITLE
+from .diagnosis import diagnosis_section
+from .report import ReportSection, RunReport, plain_table
+from .run_data import RunData, RunFolderError, load_run, resolve_run
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="run folder, or MLflow run id")
+    parser.add_argument(
+        "--output", help="for an MLflow run: where its files are downloaded and the reports written "
+        "(default: ./report_<run id>)"
+    )  # fmt: skip
+    parser.add_argument("--tracking-uri", help="MLflow to download the run from (default: $MLFLOW_TRACKING_URI)")
+
+
+def run_report_cli(args: argparse.Namespace) -> int:
+    """Regenerate the reports, print the diagnosis and where the files are; 0, or 1 after a one-line error."""
+    try:
+        folder = resolve_run(args.target, args.tracking_uri, Path(args.output or f"report_{args.target}"))
+        run = load_run(folder)  # refuses a folder that is no run folder before anything is written
+        diagnosis = diagnosis_section(folder)
+        written = regenerate_reports(run, diagnosis)
+    except (RunFolderError, OSError) as error:
+        print(f"anemoi-profiler report: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    if diagnosis is not None:
+        print("\n".join(line.rstrip() for line in [diagnosis.title, *plain_table(diagnosis.columns, diagnosis.rows)]))
+    print("written: " + ", ".join(str(path) for path in written))
+    return 0
+
+
+def regenerate_reports(run: RunData, diagnosis: ReportSection | None) -> list[Path]:
+    """report.txt and report.json with `diagnosis` first (when the run has a readable report.json), and
+    report.html."""
+    from .html_report import write_html_report  # matplotlib only now: `anemoi-profiler --help` stays fast
+
+    written = []
+    if run.header or run.sections:
+        sections = [diagnosis] if diagnosis is not None else []  # the diagnosis opens the report
+        sections += [
+            ReportSection(title, s.get("columns") or [], s.get("rows") or [], s.get("data") or {}, s.get("note") or "")
+            for title, s in run.sections.items()
+            if title != DIAGNOSIS_TITLE
+        ]
+        written += RunReport(dict(run.header), sections).write(run.folder)
+    written.append(write_html_report(run.folder))
+    return written

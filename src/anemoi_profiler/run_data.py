@@ -1,0 +1,294 @@
+"""A run read back from its run folder (or the `profiler/` artifacts of an MLflow run).
+
+The diagnosis, the HTML report, the plots and `compare` all work from this, so they give the same answers
+at the end of a fit, from `anemoi-profiler report` a week later, and in tests. Every file is optional: an
+older run, a failed run or a partial download gives fewer parts, never an exception; only a folder that
+holds none of the run files is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from .metric_history import FILE_NAME as METRICS_FILE
+
+RUN_FILES = ("report.json", METRICS_FILE, "environment.json")
+"""A folder with none of these is not a run folder."""
+ARTIFACT_ROOT = "profiler"
+"""Where the session uploads the run folder in the MLflow run (`session.ARTIFACT_ROOT`)."""
+DOWNLOADED_FILES = (
+    *RUN_FILES,
+    "config.yaml",
+    "time_report.json",
+    "memory_report.json",
+    "model_summary.txt",
+    "hta/summary.json",
+)
+"""What reports and comparisons read: a run's traces are not downloaded."""
+
+MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
+"""MLflow's rule for run ids: a target that is neither a folder nor this never becomes part of a path."""
+TYPICAL_MIN_INTERVALS = 3
+_HTA_KEY = re.compile(r"^hta/(?:(?P<window>.+)/)?(?:rank(?P<rank>\d+)|all_ranks)/(?P<name>[^/]+)$")
+
+
+class RunFolderError(Exception):
+    """The target is not a run folder, or its files cannot be fetched; the message says which."""
+
+
+@dataclass(frozen=True)
+class HtaValue:
+    """One HTA scalar: `window` is `<stage>/window_<k>` ('' for a plain trace folder), `rank` None for all."""
+
+    window: str
+    rank: int | None
+    name: str
+    value: float
+
+    @property
+    def stage(self) -> str:
+        return self.window.split("/", 1)[0] if self.window else ""
+
+
+@dataclass
+class RunData:
+    folder: Path
+    header: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    time_report: dict[str, Any] = field(default_factory=dict)
+    memory_report: dict[str, Any] = field(default_factory=dict)
+    hta: dict[str, Any] = field(default_factory=dict)
+    model_summary: str = ""
+
+    # ---- metrics.json ----
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps and values of a metric, in logging order."""
+        points = self.metrics.get(key) or {}
+        return list(points.get("step", [])), [float(v) for v in points.get("value", [])]
+
+    def wall_times(self, key: str) -> list[float]:
+        return [float(t) for t in (self.metrics.get(key) or {}).get("time", [])]
+
+    def last(self, key: str) -> float | None:
+        values = self.series(key)[1]
+        return values[-1] if values else None
+
+    def summary(self, name: str) -> float | None:
+        """The end-of-run value `summary/<name>` (e.g. `train/step_ms`)."""
+        return self.last(f"summary/{name}")
+
+    def typical(self, key: str) -> float | None:
+        """A per-interval metric (`time/train/step_ms`) as a typical interval has it: the median over the log
+        intervals when there are `TYPICAL_MIN_INTERVALS`, else the end-of-run `summary/...` value.
+
+        The run's mean weighs an interval by its seconds, so one interval in which the profiler worked between
+        batches (a trace, snapshot or timeline export) can stand for the whole run; the median cannot.
+        """
+        values = self.series(key)[1]
+        if len(values) >= TYPICAL_MIN_INTERVALS:
+            return median(values)
+        return self.summary(key.split("/", 1)[1])
+
+    # ---- environment.json ----
+    @property
+    def on_gpu(self) -> bool:
+        accelerator = self.environment.get("accelerator")
+        if accelerator:
+            return accelerator == "CUDAAccelerator"
+        return bool(self.environment.get("devices")) or "memory/peak_allocated_mb" in self.metrics
+
+    def device_memory_mb(self) -> float | None:
+        """Memory of rank 0's device (the first visible one), in MB."""
+        devices = self.environment.get("devices") or []
+        memory = devices[0].get("memory_mb") if devices else None
+        return float(memory) if memory else None
+
+    @property
+    def title(self) -> str:
+        return str(self.header.get("model") or self.folder.name)
+
+    def describe(self) -> dict[str, Any]:
+        """What the run was: model, hardware, parallelism, versions (report header, else environment.json)."""
+        env = self.environment
+        devices = env.get("devices") or []
+        described = {
+            "run folder": self.folder.name,
+            "model": self.header.get("model"),
+            "device": self.header.get("device") or (devices[0]["name"] if devices else "cpu"),
+            "device memory": f"{devices[0]['memory_mb'] / 1000:.1f} GB" if devices else None,
+            "world size": self.header.get("world size", env.get("world_size")),
+            "nodes": env.get("num_nodes"),
+            "precision": self.header.get("precision", env.get("precision")),
+            "strategy": self.header.get("strategy", env.get("strategy")),
+            "status": self.header.get("status"),
+            "duration": self.header.get("duration"),
+            "steps": self.header.get("steps"),
+            "host": env.get("hostname"),
+            "python": env.get("python"),
+            "cuda": env.get("cuda"),
+            "versions": self.header.get("versions")
+            or ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items() if v),
+            "git commit": env.get("git_commit"),
+        }
+        return {key: value for key, value in described.items() if value not in (None, "")}
+
+    # ---- time_report.json / memory_report.json ----
+    def operator_windows(self, stage: str, report: str = "time") -> list[dict[str, Any]]:
+        """The windows of a stage in time_report.json (or memory_report.json): steps, device flag, operators."""
+        document = self.time_report if report == "time" else self.memory_report
+        return [w for w in document.get("windows") or [] if w.get("stage") == stage]
+
+    def device_busy_ms_per_step(self, stage: str = "train") -> float | None:
+        """Kernel time per profiled step, a lower bound (the time report holds the top operators only).
+
+        The report lists a kernel twice: as a row of its own (no CPU time) and within the self device time
+        of the operator that launched it; each sum alone is a partial view, so the larger one is taken.
+        """
+        windows = [w for w in self.operator_windows(stage) if w.get("device")]
+        steps = sum(int(w.get("steps") or 0) for w in windows)
+        if not steps:
+            return None
+        operators = [op for w in windows for op in w.get("operators") or []]
+        kernels = sum(float(op.get("self_device_ms") or 0.0) for op in operators if not op.get("self_cpu_ms"))
+        launchers = sum(float(op.get("self_device_ms") or 0.0) for op in operators if op.get("self_cpu_ms"))
+        return max(kernels, launchers) / steps
+
+    def profiled_memory(self) -> dict[str, float]:
+        """Totals over the profiled steps (peaks, allocation retries, OOMs); {} without CUDA profiling."""
+        profiled = self.memory_report.get("profiled_steps") or {}
+        return {key: float(value) for key, value in (profiled.get("totals") or {}).items()}
+
+    # ---- hta/summary.json ----
+    def hta_values(self, stage: str = "train") -> list[HtaValue]:
+        """HTA's scalars of a stage's windows; of every window when HTA analysed none of that stage."""
+        parsed = []
+        for key, value in (self.hta.get("metrics") or {}).items():
+            match = _HTA_KEY.match(key)
+            if match and isinstance(value, (int, float)):
+                rank = int(match["rank"]) if match["rank"] is not None else None
+                parsed.append(HtaValue(match["window"] or "", rank, match["name"], float(value)))
+        of_stage = [v for v in parsed if v.stage == stage]
+        return of_stage or parsed
+
+    # ---- report.json ----
+    def operator_sections(self) -> list[tuple[str, dict[str, Any]]]:
+        """The report's operator tables (by time and by memory) in report order."""
+        return [(title, s) for title, s in self.sections.items() if "operators" in (s.get("data") or {})]
+
+
+def load_run(folder: Path) -> RunData:
+    """Read a run folder; raise RunFolderError when it holds none of `RUN_FILES`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunFolderError(f"no such folder: {folder}")
+    if not any((folder / name).is_file() for name in RUN_FILES):
+        raise RunFolderError(f"{folder} is not a run folder: none of {', '.join(RUN_FILES)} in it")
+    report = _read_json(folder / "report.json")
+    return RunData(
+        folder=folder,
+        header=report.get("header") or {},
+        sections=report.get("sections") or {},
+        metrics=_read_json(folder / METRICS_FILE),
+        environment=_read_json(folder / "environment.json"),
+        time_report=_read_json(folder / "time_report.json"),
+        memory_report=_read_json(folder / "memory_report.json"),
+        hta=_read_json(folder / "hta" / "summary.json"),
+        model_summary=_read_text(folder / "model_summary.txt"),
+    )
+
+
+def resolve_run(target: str, tracking_uri: str | None, download_to: Path) -> Path:
+    """The run folder `target`, or else the MLflow run with that id, downloaded below `download_to`.
+
+    The tracking URI is `tracking_uri`, else $MLFLOW_TRACKING_URI; without either a missing folder is an error.
+    """
+    if Path(target).exists():
+        return Path(target)
+    if not MLFLOW_RUN_ID.fullmatch(target):
+        raise RunFolderError(f"no such folder: {target} (nor an MLflow run id: letters, digits, '-' and '_')")
+    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not tracking_uri:
+        raise RunFolderError(f"no such folder: {target} (for an MLflow run, give its id and --tracking-uri)")
+    return download_run(target, tracking_uri, download_to)
+
+
+def download_run(run_id: str, tracking_uri: str, dst: Path) -> Path:
+    """Download the report inputs of an MLflow run's `profiler/` artifacts (never its traces) into `dst`,
+    laid out as in the run folder."""
+    import mlflow
+
+    try:
+        available = _artifact_paths(run_id, tracking_uri)
+    except Exception as error:
+        raise RunFolderError(f"cannot read MLflow run {run_id!r} at {tracking_uri}: {_first_line(error)}") from None
+    wanted = [name for name in DOWNLOADED_FILES if f"{ARTIFACT_ROOT}/{name}" in available]
+    if not any(name in RUN_FILES for name in wanted):
+        raise RunFolderError(f"MLflow run {run_id!r} has no {ARTIFACT_ROOT}/ run files ({', '.join(RUN_FILES)})")
+    with _without_progress_bars():
+        for name in wanted:
+            artifact, folder = f"{ARTIFACT_ROOT}/{name}", (dst / name).parent
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                mlflow.artifacts.download_artifacts(
+                    run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=str(folder)
+                )
+            except Exception as error:
+                message = f"cannot download {artifact} of MLflow run {run_id!r}: {_first_line(error)}"
+                raise RunFolderError(message) from None
+    return dst
+
+
+@contextlib.contextmanager
+def _without_progress_bars() -> Iterator[None]:
+    """MLflow draws one progress bar per file downloaded; a handful of small files do not need them."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _artifact_paths(run_id: str, tracking_uri: str) -> set[str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found: set[str] = set()
+    for folder in (ARTIFACT_ROOT, f"{ARTIFACT_ROOT}/hta"):
+        found.update(info.path for info in client.list_artifacts(run_id, folder) if not info.is_dir)
+    return found
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object, or {} when the file is missing or unreadable (a run cut short can leave half a file)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

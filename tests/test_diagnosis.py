@@ -1,0 +1,324 @@
+"""The diagnosis: each verdict fires on the numbers it should, stays quiet otherwise, and never raises.
+
+Constructed runs carry the values a run folder would hold; the HTA numbers are those HTA 0.6 computes for
+the shared fixtures (`traces/h200_single_gpu`: a launch-bound H200 fit; `traces/hta_sampled_2rank`: an
+NCCL job with exposed communication). Two real fits check the end-to-end case: a dataloader that sleeps
+is dataloader-bound, a compute-bound step is not.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.diagnosis import (
+    NotAssessed,
+    Verdict,
+    assess,
+    communication_bound,
+    dataloader_bound,
+    diagnose,
+    diagnosis_section,
+    host_bound,
+    low_mfu,
+    memory_use,
+    slow_rank,
+)
+from anemoi_profiler.run_data import RunData, load_run
+from anemoi_profiler.session import run_folders
+from lightning_models import TinyRegressor, loaders, trainer
+
+H200 = {"accelerator": "CUDAAccelerator", "devices": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 150_000}]}
+CPU = {"accelerator": "CPUAccelerator", "devices": []}
+H200_SINGLE_GPU_HTA = {  # HTA over traces/h200_single_gpu: GPU idle 54%, 95% of it waiting for the host
+    "hta/train/window_0/rank0/idle_pct": 54.42,
+    "hta/train/window_0/rank0/compute_pct": 45.17,
+    "hta/train/window_0/rank0/idle_host_wait_share_pct": 94.74,
+    "hta/train/window_0/rank0/idle_kernel_wait_share_pct": 5.26,
+    "hta/train/window_0/all_ranks/computation_kernel_time_pct": 99.0,
+}
+NCCL_2RANK_HTA = {  # HTA over traces/hta_sampled_2rank: communication 55% of kernel time, 12-20% overlapped
+    "hta/train/window_0/rank0/comm_comp_overlap_pct": 11.81,
+    "hta/train/window_0/rank1/comm_comp_overlap_pct": 20.05,
+    "hta/train/window_0/all_ranks/communication_kernel_time_pct": 55.5,
+}
+
+
+def run_with(
+    summary: dict[str, float] | None = None,
+    environment: dict[str, Any] | None = None,
+    hta: dict[str, float] | None = None,
+    **parts: Any,
+) -> RunData:
+    metrics = {
+        f"summary/{key}": {"step": [100], "value": [value], "time": [0.0]} for key, value in (summary or {}).items()
+    }
+    return RunData(Path("run"), metrics=metrics, environment=environment or CPU, hta={"metrics": hta or {}}, **parts)
+
+
+def time_report(device_ms_per_op: list[float], steps: int = 3) -> dict[str, Any]:
+    operators = [
+        {"operator": f"op{i}", "self_device_ms": ms, "self_cpu_ms": 1.0} for i, ms in enumerate(device_ms_per_op)
+    ]
+    return {"windows": [{"stage": "train", "window": 0, "steps": steps, "device": True, "operators": operators}]}
+
+
+# ---- dataloader ----
+@pytest.mark.parametrize(("wait_ms", "severity"), [(30.0, "medium"), (60.0, "high")])
+def test_dataloader_bound_fires_with_the_share_of_step_time(wait_ms: float, severity: str) -> None:
+    verdict = dataloader_bound(run_with({"train/step_ms": 100.0, "train/dataloader_wait_ms": wait_ms}))
+    assert isinstance(verdict, Verdict)
+    assert (verdict.name, verdict.severity) == ("dataloader-bound", severity)
+    assert f"{wait_ms / 100:.0%} of training step time" in verdict.value
+    assert "num_workers" in verdict.next_step and "pin_memory" in verdict.next_step
+
+
+def test_a_typical_interval_decides_not_one_the_profiler_slowed_down() -> None:
+    """The demo on an H200 (run folder of the device check): the first interval holds the memory snapshot dump
+    and the trace and timeline exports between batches, which the run's mean counts as data wait."""
+    run = run_with({"train/step_ms": 56.95, "train/dataloader_wait_ms": 48.54}, H200)
+    for key, values in {
+        "time/train/step_ms": [285.6, 9.1, 8.5, 9.1, 9.9],
+        "time/train/dataloader_wait_ms": [274.8, 1.4, 1.2, 1.3, 1.6],
+    }.items():
+        run.metrics[key] = {"step": [30, 55, 80, 105, 150], "value": values, "time": [0.0] * 5}
+    verdict = dataloader_bound(run)
+    assert isinstance(verdict, Verdict)
+    assert verdict.severity == "medium"  # not the 85% of the run's mean
+    assert verdict.value == (
+        "15% of training step time waits for data (1.4 of 9.1 ms per batch, median of 5 log intervals)"
+    )
+
+
+def test_dataloader_quiet_below_threshold_and_not_assessed_without_step_times() -> None:
+    assert dataloader_bound(run_with({"train/step_ms": 100.0, "train/dataloader_wait_ms": 5.0})) is None
+    assert isinstance(dataloader_bound(run_with({})), NotAssessed)
+
+
+# ---- host / launch ----
+def test_host_bound_from_htas_idle_breakdown() -> None:
+    verdict = host_bound(run_with({"train/step_ms": 24.0, "train/dataloader_wait_ms": 0.2}, H200, H200_SINGLE_GPU_HTA))
+    assert isinstance(verdict, Verdict)
+    assert verdict.severity == "high"
+    assert verdict.value == (
+        "the GPU waits for the host 51% of the step (HTA over train/window_0: GPU idle 54%, 95% of it waiting for "
+        "the host)"
+    )
+    assert "CUDA graphs" in verdict.next_step and "torch.compile" in verdict.next_step
+
+
+def test_host_bound_beyond_the_data_wait_is_judged_on_the_time_left() -> None:
+    """The demo on an H200 (run folder of the device check): 85% data wait, and the GPU idles through nearly
+    all of the rest (HTA ran on the validation window only: HTA could not load that training trace)."""
+    hta = {
+        "hta/val/window_0/rank0/idle_pct": 98.83,
+        "hta/val/window_0/rank0/idle_host_wait_share_pct": 99.93,
+    }
+    step = {"train/step_ms": 56.95, "train/dataloader_wait_ms": 48.54}
+    verdict = host_bound(run_with(step, H200, hta))
+    assert isinstance(verdict, Verdict)
+    assert verdict.severity == "medium"
+    assert verdict.value.startswith(
+        "beyond the 85% data wait, the GPU waits for the host 14% of the step, 92% of the time left (HTA over "
+        "val/window_0: GPU idle 99%"
+    )
+
+
+def test_host_bound_quiet_when_the_gpu_is_busy_or_the_idle_is_data_wait() -> None:
+    busy = {**H200_SINGLE_GPU_HTA, "hta/train/window_0/rank0/idle_pct": 8.0}
+    assert host_bound(run_with({"train/step_ms": 24.0}, H200, busy)) is None
+    data_wait = {"train/step_ms": 100.0, "train/dataloader_wait_ms": 50.0}  # 52% host wait, 50% of it data
+    assert host_bound(run_with(data_wait, H200, H200_SINGLE_GPU_HTA)) is None
+
+
+def test_host_bound_without_hta_from_the_kernel_time_per_step() -> None:
+    step = {"train/step_ms": 100.0, "train/dataloader_wait_ms": 2.0}
+    idle = host_bound(run_with(step, H200, time_report=time_report([30.0, 15.0])))  # 15 ms busy of 100
+    assert isinstance(idle, Verdict)
+    assert idle.value == (
+        "beyond the 2% data wait, the GPU waits for the host 83% of the step, 85% of the time left (GPU kernels "
+        "busy 15.0 of 100.0 ms per step, top operators of the profiled steps)"
+    )
+    assert host_bound(run_with(step, H200, time_report=time_report([200.0, 60.0]))) is None  # 87% busy
+
+
+def test_kernel_time_counts_each_kernel_once() -> None:
+    """A kernel is a row of its own and part of its launching operator's self device time."""
+    operators = [
+        {"operator": "aten::mm", "self_cpu_ms": 2.0, "self_device_ms": 0.9},
+        {"operator": "sm90_gemm", "self_cpu_ms": 0.0, "self_device_ms": 0.9},
+        {"operator": "aten::add", "self_cpu_ms": 1.0, "self_device_ms": 0.3},
+    ]
+    report = {"windows": [{"stage": "train", "steps": 3, "device": True, "operators": operators}]}
+    assert run_with(time_report=report).device_busy_ms_per_step() == pytest.approx(0.4)
+
+
+def test_host_bound_is_not_assessed_on_cpu_or_without_data() -> None:
+    assert isinstance(host_bound(run_with({"train/step_ms": 10.0})), NotAssessed)
+    assert isinstance(host_bound(run_with({"train/step_ms": 10.0}, H200)), NotAssessed)
+
+
+# ---- communication and rank balance ----
+def test_communication_bound_from_htas_overlap() -> None:
+    verdict = communication_bound(run_with({}, H200, NCCL_2RANK_HTA))
+    assert isinstance(verdict, Verdict)
+    assert verdict.severity == "high"
+    assert "communication kernels 56% of GPU kernel time; 16% of communication time overlaps" in verdict.value
+    assert "least: rank 0, 12%" in verdict.value
+
+
+def test_communication_quiet_when_overlapped_or_small() -> None:
+    overlapped = {**NCCL_2RANK_HTA, "hta/train/window_0/rank0/comm_comp_overlap_pct": 85.0}
+    overlapped["hta/train/window_0/rank1/comm_comp_overlap_pct"] = 90.0
+    assert communication_bound(run_with({}, H200, overlapped)) is None
+    small = {**NCCL_2RANK_HTA, "hta/train/window_0/all_ranks/communication_kernel_time_pct": 4.0}
+    assert communication_bound(run_with({}, H200, small)) is None
+    assert isinstance(communication_bound(run_with({}, H200)), NotAssessed)
+
+
+def test_slow_rank_names_the_rank_and_its_excess() -> None:
+    verdict = slow_rank(run_with({"train/step_ms": 100.0, "train/step_ms_max": 130.0, "train/slowest_rank": 3}))
+    assert isinstance(verdict, Verdict)
+    assert verdict.value == "rank 3 takes 30% longer per step than the mean (130.0 vs 100.0 ms)"
+    assert slow_rank(run_with({"train/step_ms": 100.0, "train/step_ms_max": 105.0})) is None
+    assert isinstance(slow_rank(run_with({"train/step_ms": 100.0})), NotAssessed)
+
+
+# ---- memory ----
+def test_memory_near_the_limit_and_allocator_retries() -> None:
+    near = memory_use(run_with({"memory/peak_allocated_mb": 120_000, "memory/peak_reserved_mb": 140_000}, H200))
+    assert isinstance(near, Verdict)
+    assert (near.name, near.severity) == ("memory near the limit", "medium")
+    assert "peak reserved 140.0 GB of 150.0 GB (93%)" in near.value
+    assert "checkpointing" in near.next_step
+    retries = {"profiled_steps": {"totals": {"peak_allocated_mb": 90_000.0, "alloc_retries": 4, "ooms": 0}}}
+    retried = memory_use(run_with({"memory/peak_allocated_mb": 90_000}, H200, memory_report=retries))
+    assert isinstance(retried, Verdict)
+    assert retried.severity == "high" and "4 allocation retries" in retried.value
+
+
+def test_memory_headroom_suggests_a_larger_batch() -> None:
+    verdict = memory_use(run_with({"memory/peak_allocated_mb": 20_000, "memory/peak_reserved_mb": 22_000}, H200))
+    assert isinstance(verdict, Verdict)
+    assert (verdict.name, verdict.severity) == ("memory headroom", "info")
+    assert verdict.value == "peak allocated 20.0 GB of 150.0 GB (13%)"
+    assert "up to about 6.8x" in verdict.next_step
+    tiny = memory_use(run_with({"memory/peak_allocated_mb": 96.6}, H200))  # the demo model on an H200
+    assert isinstance(tiny, Verdict)
+    assert tiny.value == "peak allocated 97 MB of 150.0 GB (0%)" and "8x or more" in tiny.next_step
+
+
+def test_memory_quiet_in_between_and_not_assessed_on_cpu() -> None:
+    assert memory_use(run_with({"memory/peak_allocated_mb": 90_000, "memory/peak_reserved_mb": 100_000}, H200)) is None
+    assert isinstance(memory_use(run_with({"memory/cpu_rss_mb": 900.0})), NotAssessed)
+
+
+# ---- MFU ----
+def test_low_mfu_suggests_bf16_for_fp32_runs_and_fixes_otherwise() -> None:
+    fp32 = low_mfu(run_with({"train/mfu": 0.05}, {**H200, "precision": "32-true"}))
+    assert isinstance(fp32, Verdict)
+    assert fp32.severity == "high" and fp32.value == "MFU 5% of the dense 32-true peak (below 30%)"
+    assert "bf16-mixed" in fp32.next_step
+    bf16 = low_mfu(run_with({"train/mfu": 0.2}, {**H200, "precision": "bf16-mixed"}))
+    assert isinstance(bf16, Verdict)
+    assert bf16.severity == "medium" and "torch.compile" in bf16.next_step
+    assert low_mfu(run_with({"train/mfu": 0.45}, H200)) is None
+    assert isinstance(low_mfu(run_with({})), NotAssessed)
+
+
+# ---- together ----
+def test_verdicts_come_most_severe_first() -> None:
+    run = run_with(
+        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 20.0, "train/mfu": 0.05, "memory/peak_allocated_mb": 9e3},
+        {**H200, "precision": "bf16-mixed"},
+    )
+    assert [(v.name, v.severity) for v in diagnose(run)] == [
+        ("low MFU", "high"),
+        ("dataloader-bound", "medium"),
+        ("memory headroom", "info"),
+    ]
+
+
+def test_a_healthy_run_gets_no_verdict() -> None:
+    run = run_with(
+        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 1.0, "train/mfu": 0.5, "memory/peak_allocated_mb": 1e5},
+        H200,
+        {**H200_SINGLE_GPU_HTA, "hta/train/window_0/rank0/idle_pct": 3.0},
+    )
+    assert diagnose(run) == []
+
+
+def test_odd_values_make_a_check_not_assessed_instead_of_raising() -> None:
+    run = run_with({"train/step_ms": 100.0}, H200)
+    run.metrics["summary/train/dataloader_wait_ms"] = {"step": [1], "value": ["fast"], "time": [0]}
+    outcomes = assess(run)
+    assert isinstance(outcomes["dataloader wait"], NotAssessed)
+    assert "could not assess" in outcomes["dataloader wait"].reason
+
+
+def test_diagnosis_section_from_partial_or_broken_folders(tmp_path: Path) -> None:
+    assert diagnosis_section(tmp_path) is None  # not a run folder: a warning, no exception
+    (tmp_path / "environment.json").write_text(json.dumps(CPU))
+    (tmp_path / "metrics.json").write_text('{"summary/train/step_ms": {"step": [1], "val')  # cut short
+    section = diagnosis_section(tmp_path)
+    assert section is not None and section.title == "Diagnosis"
+    assert section.rows == [["No limiter found (checked with data: none)."]]
+    assert "dataloader wait (no training step times" in section.note
+
+
+def test_diagnosis_section_lists_each_verdict_with_its_next_step(tmp_path: Path) -> None:
+    metrics = {
+        "summary/train/step_ms": {"step": [8], "value": [40.0], "time": [0]},
+        "summary/train/dataloader_wait_ms": {"step": [8], "value": [30.0], "time": [0]},
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    section = diagnosis_section(tmp_path)
+    assert section is not None
+    lines = [row[0] for row in section.rows]
+    assert lines[0] == "[high] dataloader-bound: 75% of training step time waits for data (30.0 of 40.0 ms per batch)"
+    assert lines[2].startswith("    Next: Raise the DataLoader's num_workers")
+    assert section.data["verdicts"][0]["name"] == "dataloader-bound"
+
+
+# ---- real fits ----
+class SlowSamples(Dataset):
+    """A dataset whose samples take 2 ms each to load, like decoding files on a busy filesystem."""
+
+    def __init__(self, size: int = 384) -> None:
+        self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.002)
+        return self.x[index], self.x[index].sum(0, keepdim=True)
+
+
+def fit_and_diagnose(tmp_path: Path, model: TinyRegressor, train: DataLoader) -> list[Verdict]:
+    config = ProfilerConfig.load(
+        None,
+        [f"output_dir={tmp_path}", "tracking.enabled=false", "report.console=false", "system.enabled=false",
+         "log_every_n_steps=6", "throughput.warmup_steps=2"],
+    )  # fmt: skip
+    trainer(build_callbacks(config), limit_val_batches=0).fit(model, train)
+    return diagnose(load_run(run_folders(tmp_path)[0]))
+
+
+def test_a_sleeping_dataloader_is_diagnosed_as_dataloader_bound(tmp_path: Path) -> None:
+    verdicts = fit_and_diagnose(tmp_path, TinyRegressor(), DataLoader(SlowSamples(), batch_size=16))
+    assert [v.name for v in verdicts] == ["dataloader-bound"]
+    assert verdicts[0].severity == "high"
+
+
+def test_a_compute_bound_fit_is_not_dataloader_bound(tmp_path: Path) -> None:
+    train, _ = loaders(n_train=384)
+    verdicts = fit_and_diagnose(tmp_path, TinyRegressor(step_sleep_s=0.04), train)  # 40 ms of "compute" per step
+    assert "dataloader-bound" not in [v.name for v in verdicts]

@@ -1,0 +1,233 @@
+"""report.html from a real profiled fit: one self-contained page, diagnosis first, every name escaped; the
+`report` command that regenerates it; and the page as a browser renders it (headless Chromium)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from argparse import ArgumentParser, Namespace
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+from matplotlib.image import imread
+from mlflow.tracking import MlflowClient
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.html_report import render_html, write_html_report
+from anemoi_profiler.plots import figures, write_plot_images
+from anemoi_profiler.report_command import add_report_arguments, run_report_cli
+from anemoi_profiler.run_data import RunData
+from anemoi_profiler.session import run_folders
+from lightning_models import TinyRegressor, loaders, trainer
+
+PLANTED_OP = "<script>alert('op')</script>"
+PLANTED_MODEL = "<script>alert('model')</script>"
+CHROMIUM = Path("/usr/bin/chromium")
+OVERRIDES = [
+    "tracking.enabled=false",
+    "report.console=false",
+    "log_every_n_steps=4",
+    "throughput.warmup_steps=2",
+    "system.interval_s=0.5",
+    "profiler.enabled=true",
+    "profiler.train.skip_first=1",
+    "profiler.train.wait=1",
+    "profiler.train.warmup=1",
+    "profiler.train.active=2",
+    "model_summary.enabled=true",
+    "hta.enabled=true",
+]
+
+
+class AnnotatedRegressor(TinyRegressor):
+    """Runs its forward inside a profiler annotation whose name is markup, as a user's name could be."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.profiler.record_function(PLANTED_OP):
+            return self.net(x)
+
+
+PlantedModel = type(PLANTED_MODEL, (AnnotatedRegressor,), {})
+
+
+class PageParser(HTMLParser):
+    """What a browser would build: tags, ids, text; scripts and external references counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.section_ids: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "section":
+            self.section_ids += [value for name, value in attrs if name == "id" and value]
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def parse(page: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output = tmp_path_factory.mktemp("runs")
+    config = ProfilerConfig.load(None, [f"output_dir={output}", *OVERRIDES])
+    train, val = loaders()
+    trainer(build_callbacks(config)).fit(PlantedModel(), train, val)
+    (run_dir,) = run_folders(output)
+    write_html_report(run_dir)
+    return run_dir
+
+
+def test_the_page_is_self_contained_with_every_part(profiled_run: Path) -> None:
+    page = (profiled_run / "report.html").read_text()
+    parsed = parse(page)
+    for external in ('src="http', "src='http", 'href="http', "href='http", "@import", "url(http", "url('http"):
+        assert external not in page, external
+    assert "script" not in parsed.tags and "link" not in parsed.tags and "img" not in parsed.tags
+    assert parsed.section_ids == ["diagnosis", "plots", "operators", "model", "hta", "tables"]
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # the plots' SVG ids do not collide
+    assert parsed.tags.count("svg") == 4  # throughput, step time, memory, system
+    text = " ".join(parsed.text)
+    for expected in ("training samples/s", "Top operators", "Memory by operator", "Model summary", "Throughput"):
+        assert expected in text, expected
+    assert "How to read this table:" in text and "Negative values are frees" in text
+    assert "no GPU kernels in the trace (CPU-only profile)" in text  # HTA's reason, shown for each window
+    assert text.index("Diagnosis") < text.index("Top operators")
+
+
+def test_names_from_the_model_and_the_trace_are_escaped(profiled_run: Path) -> None:
+    page = (profiled_run / "report.html").read_text()
+    assert "<script" not in page
+    assert html_escaped(PLANTED_OP) in page  # in the operator tables
+    assert html_escaped(PLANTED_MODEL) in page  # in the title, the header and the model summary
+    text = " ".join(parse(page).text)
+    assert PLANTED_OP in text and PLANTED_MODEL in text  # what the reader sees is the name itself
+
+
+def html_escaped(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("'", "&#x27;")
+
+
+def test_hta_results_with_rank_table_and_kernels() -> None:
+    hta = {
+        "windows": [
+            {
+                "window": "train/window_0",
+                "ranks": [0, 1],
+                "metrics": {
+                    "hta/rank0/idle_pct": 53.6,
+                    "hta/rank1/idle_pct": 54.7,
+                    "hta/rank0/comm_comp_overlap_pct": 11.8,
+                    "hta/all_ranks/communication_kernel_time_pct": 55.5,
+                },
+                "top_kernels": [
+                    {"name": "<script>x</script>ncclKernel", "kernel_type": "COMM", "pct_of_kernel_time": 59.7}
+                ],
+                "ran": ["temporal_breakdown", "comm_comp_overlap"],
+                "skipped": {"critical_path": "no CUDA synchronization events"},
+                "failed": {},
+                "warnings": [],
+            }
+        ]
+    }
+    page = render_html(RunData(Path("run"), hta=hta))
+    text = " ".join(parse(page).text)
+    assert "comm/comp overlap %" in text and "11.80" in text
+    assert "GPU kernel time (all ranks): communication 55.5%" in text
+    assert "&lt;script&gt;x&lt;/script&gt;ncclKernel" in page and "<script" not in page
+    assert "no CUDA synchronization events" in text
+
+
+def test_operator_tables_from_the_report_files_without_report_json(profiled_run: Path, tmp_path: Path) -> None:
+    run_dir = Path(shutil.copytree(profiled_run, tmp_path / "run", ignore=shutil.ignore_patterns("report.*")))
+    text = " ".join(parse((write_html_report(run_dir)).read_text()).text)
+    assert "Time by operator (train window 0)" in text and "Memory by operator (val window 0)" in text
+    assert PLANTED_OP in text and "How to read this table:" in text
+
+
+def test_figures_for_mlflow_and_plot_images(profiled_run: Path) -> None:
+    assert sorted(figures(profiled_run)) == ["memory", "step_time", "system", "throughput"]
+    images = write_plot_images(profiled_run)
+    assert [p.name for p in images] == ["throughput.png", "step_time.png", "memory.png", "system.png"]
+    assert all(p.parent == profiled_run / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in images)
+
+
+def report_args(*argv: str) -> Namespace:
+    parser = ArgumentParser()
+    add_report_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_report_command_puts_a_fresh_diagnosis_first(profiled_run: Path, tmp_path: Path) -> None:
+    run_dir = Path(shutil.copytree(profiled_run, tmp_path / profiled_run.name))
+    (run_dir / "report.html").unlink()
+    for _ in range(2):  # a second run replaces the diagnosis, never adds another
+        assert run_report_cli(report_args(str(run_dir))) == 0
+    sections = list(json.loads((run_dir / "report.json").read_text())["sections"])
+    assert sections[0] == "Diagnosis" and sections.count("Diagnosis") == 1 and "Throughput" in sections
+    text = (run_dir / "report.txt").read_text()
+    assert text.index("Diagnosis\n---------") < text.index("Throughput\n----------")
+    assert (run_dir / "report.html").is_file()
+
+
+def test_report_command_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_report_cli(report_args(str(tmp_path))) == 1
+    assert run_report_cli(report_args("0123abcd")) == 1  # no such folder, no tracking URI
+    assert run_report_cli(report_args("../no/such", "--tracking-uri", "sqlite:///x.db")) == 1  # never a path
+    errors = capsys.readouterr().err.splitlines()
+    assert errors == [
+        f"anemoi-profiler report: {tmp_path} is not a run folder: none of report.json, metrics.json, "
+        "environment.json in it",
+        "anemoi-profiler report: no such folder: 0123abcd (for an MLflow run, give its id and --tracking-uri)",
+        "anemoi-profiler report: no such folder: ../no/such (nor an MLflow run id: letters, digits, '-' and '_')",
+    ]
+    assert not list(tmp_path.glob("report_*"))
+
+
+def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Path, sqlite_uri: str) -> None:
+    client = MlflowClient(sqlite_uri)
+    experiment = client.create_experiment("reports", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    client.log_artifacts(run_id, str(profiled_run), "profiler")  # as the session uploads it, traces included
+    output = tmp_path / "downloaded"
+    assert run_report_cli(report_args(run_id, "--tracking-uri", sqlite_uri, "--output", str(output))) == 0
+    downloaded = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
+    assert downloaded == [
+        "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
+        "model_summary.txt", "report.html", "report.json", "report.txt", "time_report.json",
+    ]  # fmt: skip
+    assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()
+    assert run_report_cli(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1
+
+
+def test_report_renders_in_headless_chromium(profiled_run: Path, tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium) to render report.html headless")
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,2000",
+         "--enable-logging=stderr", "--v=0", (profiled_run / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "net::ERR" in line]
+    assert console == []  # no script errors, no blocked or failed loads
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (2000, 1280)
+    ink = (pixels[..., :3].mean(axis=2) < 0.6).mean()
+    assert ink > 0.01  # text, tables and plots, not a blank page
