@@ -1,0 +1,249 @@
+"""Measuring instruments that do not depend on the code under test: a step clock and a hook timer."""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import io
+import itertools
+import pstats
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - only pytorch_lightning installed
+    from pytorch_lightning.callbacks import Callback
+
+HOOK_NAMES = tuple(sorted(name for name in dir(Callback) if name.startswith("on_")))
+
+
+class StepClock(Callback):
+    """Reads `perf_counter` at the end of every training batch; the steady state starts after `warmup` batches.
+
+    Put it last in the callback list, so that each interval holds every other callback's work once. On CUDA
+    it synchronizes only at the two ends of the measured span (after batch `warmup` and after the last one),
+    so the mean step time is the device's, while the clock itself adds nothing per step.
+    """
+
+    def __init__(self, warmup: int, total: int, sync_cuda: bool = False) -> None:
+        if not 1 <= warmup < total:
+            raise ValueError(f"need 1 <= warmup < total, got warmup={warmup}, total={total}")
+        self.warmup = warmup
+        self.total = total
+        self.sync_cuda = sync_cuda
+        self.batch_ends: list[float] = []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        done = len(self.batch_ends) + 1
+        if self.sync_cuda and done in (self.warmup, self.total):
+            torch.cuda.synchronize()
+        self.batch_ends.append(time.perf_counter())
+
+    @property
+    def measured_batches(self) -> int:
+        return max(len(self.batch_ends) - self.warmup, 0)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time from the end of batch `warmup` to the end of the last batch."""
+        if self.measured_batches == 0:
+            raise RuntimeError(f"the fit ended after {len(self.batch_ends)} batches, within the warmup")
+        return self.batch_ends[-1] - self.batch_ends[self.warmup - 1]
+
+    @property
+    def step_ms(self) -> float:
+        return self.elapsed_s / self.measured_batches * 1000
+
+    def step_times_ms(self) -> list[float]:
+        """Host time of each measured batch (on CUDA without a sync: the device may lag behind)."""
+        ends = self.batch_ends[self.warmup - 1 :]
+        return [(later - earlier) * 1000 for earlier, later in itertools.pairwise(ends)]
+
+
+class HookTimer:
+    """Times every hook call into the given callbacks, per training batch, on the training thread.
+
+    It replaces the hook methods of those callback instances with timed wrappers (Lightning looks hooks up
+    on the instance). Add `boundary` first in the Trainer's callback list: it closes one batch's account at
+    the next batch's start, so a batch's cost is every hook call from its start to the next batch's start.
+    Each call is timed twice: wall time (`perf_counter`: what the training waits, preemption and waits for
+    the interpreter lock included) and this thread's CPU time (`thread_time`: the work itself).
+    """
+
+    def __init__(self, callbacks: Iterable[Any], cprofile: bool = False) -> None:
+        self.wall_per_batch: list[float] = []
+        self.cpu_per_batch: list[float] = []
+        self.wall_per_hook: dict[str, float] = defaultdict(float)
+        self._wall = self._cpu = 0.0
+        self._in_batches = False
+        self.profile = cProfile.Profile() if cprofile else None
+        for callback in callbacks:
+            for name in HOOK_NAMES:
+                setattr(callback, name, self._timed(type(callback).__name__, name, getattr(callback, name)))
+        self.boundary = _BatchBoundary(self)
+
+    def _timed(self, owner: str, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        key = f"{owner}.{hook}"
+        wall_clock, cpu_clock, profile = time.perf_counter, time.thread_time, self.profile
+
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if profile is not None:
+                profile.enable()
+            wall, cpu = wall_clock(), cpu_clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                cpu, wall = cpu_clock() - cpu, wall_clock() - wall
+                if profile is not None:
+                    profile.disable()
+                if self._in_batches:
+                    self._wall += wall
+                    self._cpu += cpu
+                    self.wall_per_hook[key] += wall
+
+        return timed
+
+    def close_batch(self) -> None:
+        if self._in_batches:
+            self.wall_per_batch.append(self._wall)
+            self.cpu_per_batch.append(self._cpu)
+        self._wall = self._cpu = 0.0
+        self._in_batches = True
+
+    def end(self) -> None:
+        self.close_batch()
+        self._in_batches = False
+
+    def summary(self, warmup: int) -> dict[str, Any]:
+        """Per-batch hook time of the batches after `warmup`, in microseconds."""
+        wall = [seconds * 1e6 for seconds in self.wall_per_batch[warmup:]]
+        cpu = [seconds * 1e6 for seconds in self.cpu_per_batch[warmup:]]
+        if not wall:
+            return {"batches": 0}
+        batches = len(self.wall_per_batch)
+        return {
+            "batches": len(wall),
+            "wall_us": distribution(wall),
+            "cpu_us": distribution(cpu),
+            "wall_us_per_hook_all_batches": {
+                key: seconds * 1e6 / batches for key, seconds in sorted(self.wall_per_hook.items()) if seconds
+            },
+        }
+
+    def cprofile_top(self, lines: int = 25) -> str:
+        if self.profile is None:
+            return ""
+        text = io.StringIO()
+        pstats.Stats(self.profile, stream=text).sort_stats("cumulative").print_stats(lines)
+        return text.getvalue()
+
+
+class HookLoop(Callback):
+    """After batch `after_batch`, calls the given callbacks' per-batch hooks in a tight loop and times blocks.
+
+    A best-of-blocks figure that preemption on a loaded machine cannot inflate: each block runs `per_block`
+    simulated batches (log intervals included, so their work is spread over the batches as in training) and
+    the loop's own cost (the same calls into no-op functions) is subtracted. Hooks are taken from the
+    classes, so a HookTimer's wrappers on the instances are not in the way. Put it last.
+    """
+
+    SEQUENCE = (
+        "on_train_batch_start",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+    )
+
+    def __init__(self, callbacks: Sequence[Any], after_batch: int, blocks: int, per_block: int) -> None:
+        self.callbacks = list(callbacks)
+        self.after_batch = after_batch
+        self.blocks = blocks
+        self.per_block = per_block
+        self.batches = 0
+        self.block_us: list[float] = []
+        self.loop_us = 0.0
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.batches += 1
+        if self.batches != self.after_batch:
+            return
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        optimizer = trainer.optimizers[0]
+        arguments = {
+            "on_train_batch_start": (trainer, pl_module, batch, batch_idx),
+            "on_before_backward": (trainer, pl_module, loss),
+            "on_after_backward": (trainer, pl_module),
+            "on_before_optimizer_step": (trainer, pl_module, optimizer),
+            "on_before_zero_grad": (trainer, pl_module, optimizer),
+            "on_train_batch_end": (trainer, pl_module, outputs, batch, batch_idx),
+        }
+        calls = [
+            (getattr(type(callback), name).__get__(callback), arguments[name])
+            for name in self.SEQUENCE
+            for callback in self.callbacks
+        ]
+        self.loop_us = min(self._time_block([(_no_op, args) for _, args in calls]) for _ in range(self.blocks))
+        self.block_us = [self._time_block(calls) - self.loop_us for _ in range(self.blocks)]
+
+    def _time_block(self, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> float:
+        """Microseconds per simulated batch over one block."""
+        started = time.perf_counter()
+        for _ in range(self.per_block):
+            for function, arguments in calls:
+                function(*arguments)
+        return (time.perf_counter() - started) / self.per_block * 1e6
+
+    def summary(self) -> dict[str, Any]:
+        if not self.block_us:
+            return {"blocks": 0}
+        return {
+            "blocks": self.blocks,
+            "batches_per_block": self.per_block,
+            "best_us": min(self.block_us),
+            "median_us": statistics.median(self.block_us),
+            "loop_us": self.loop_us,
+        }
+
+
+def _no_op(*args: Any) -> None:
+    pass
+
+
+class _BatchBoundary(Callback):
+    def __init__(self, timer: HookTimer) -> None:
+        self.timer = timer
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.timer.close_batch()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.timer.end()
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of repeated measurements (few repetitions: no standard deviation)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
