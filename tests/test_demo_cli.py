@@ -59,7 +59,7 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
 
 def test_help_reads_well() -> None:
     result = subprocess.run([CLI, "--help"], capture_output=True, text=True, check=True)
-    for command in ("demo", "analyze", "config", "sync"):
+    for command in ("demo", "component", "analyze", "report", "compare", "config", "sync"):
         assert command in result.stdout
     demo = subprocess.run([CLI, "demo", "--help"], capture_output=True, text=True, check=True)
     assert "--max-steps" in demo.stdout and "--preset" in demo.stdout and "key=value" in demo.stdout

@@ -1,14 +1,21 @@
-"""The `anemoi-profiler` command: demo, component, analyze, config, sync."""
+"""The `anemoi-profiler` command: demo, component, analyze, report, compare, config, sync."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
+from .compare import add_compare_arguments, run_compare_cli
 from .config import PRESETS, ConfigError, ProfilerConfig
 from .profiling.component import add_component_arguments, run_component_cli
+from .redaction import redact_text
+from .report_command import add_report_arguments, run_report_cli
+
+MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
+"""MLflow's own rule for run ids; anything else (say `../../etc`) must never become part of a path."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_component_arguments(component)
     component.set_defaults(handler=run_component_cli)
+
+    report = commands.add_parser(
+        "report",
+        help="regenerate a run's diagnosis, report.txt/json and report.html",
+        description="From a run folder, or an MLflow run id (its profiler/ artifacts).",
+    )
+    add_report_arguments(report)
+    report.set_defaults(handler=run_report_cli)
+
+    compare = commands.add_parser(
+        "compare",
+        help="two runs side by side, regressions marked",
+        description="Compare run B against baseline A (run folders or MLflow run ids): throughput, step time, "
+        "peak memory, top operators; differences are B - A.",
+    )
+    add_compare_arguments(compare)
+    compare.set_defaults(handler=run_compare_cli)
 
     show = commands.add_parser(
         "config",
@@ -117,6 +141,13 @@ def _analyze(args: argparse.Namespace) -> int:
 
     if args.time_limit <= 0:
         raise ConfigError(f"--time-limit: got {args.time_limit}, expected seconds > 0")
+    if not Path(args.target).exists() and not MLFLOW_RUN_ID.fullmatch(args.target):
+        print(
+            f"anemoi-profiler analyze: no such folder: {args.target} (nor an MLflow run id, which has only letters, "
+            "digits, '-' and '_')",
+            file=sys.stderr,
+        )
+        return 1
     return run_analyze_cli(args.target, args.output, args.time_limit, args.tracking_uri)
 
 
@@ -137,10 +168,12 @@ def _sync(args: argparse.Namespace) -> int:
         try:
             sent, left = replay_spool(spool, args.tracking_uri)
         except Exception as error:
-            print(f"anemoi-profiler: {spool}: MLflow did not accept the spool: {error}", file=sys.stderr)
+            reason = redact_text(" ".join(str(error).split()))
+            print(f"anemoi-profiler: {spool}: MLflow did not accept the spool: {reason}", file=sys.stderr)
             failed += 1
             continue
         print(f"{spool}: sent {sent} batch(es), {left} left")
+        failed += bool(left)
     return 1 if failed else 0
 
 

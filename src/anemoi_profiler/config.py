@@ -180,6 +180,7 @@ class ReportConfig:
     console: bool = _opt(True, "Print the report at the end of the run.")
     txt: bool = _opt(True, "Write report.txt.")
     json: bool = _opt(True, "Write report.json.")
+    html: bool = _opt(True, "Write report.html (self-contained, plots inline) and plots/*.png.")
 
 
 @dataclass
@@ -305,18 +306,29 @@ def preset_path(name: str) -> Path:
 
 def _load_source(source: str | Path | Mapping[str, Any]) -> DictConfig:
     if isinstance(source, Mapping):
-        return OmegaConf.create(dict(source))
+        return _checked_sections(dict(source))
     path = preset_path(str(source)) if str(source) in PRESETS else Path(source)
     if not path.is_file():
         raise ConfigError(f"config {str(source)!r}: no such file, and not a preset (presets: {', '.join(PRESETS)})")
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return _checked_sections(data)
+
+
+def _checked_sections(data: dict[str, Any]) -> DictConfig:
+    """A scalar where a section belongs (`throughput: 5`) would surface as OmegaConf's nameless merge error."""
+    defaults = ProfilerConfig()
+    for key, value in data.items():
+        section = getattr(defaults, str(key), None)
+        if dataclasses.is_dataclass(section) and not isinstance(value, (dict, type(None))):
+            allowed = ", ".join(f.name for f in dataclasses.fields(section))
+            raise ConfigError(f"{key}: got {value!r}, expected a section of keys: {allowed}")
     return OmegaConf.create(data)
 
 

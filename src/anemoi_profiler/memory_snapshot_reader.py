@@ -26,6 +26,9 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a memory snapshot holds plain data only, found a reference to {module}.{name}")
 
 
+SEGMENT_KEYS = frozenset({"total_size", "blocks"})
+
+
 def load_snapshot(path: str | Path) -> dict[str, Any]:
     """Load a `.pickle` or `.pickle.gz` snapshot; raise ValueError if the file is not one."""
     path = Path(path)
@@ -33,10 +36,14 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     try:
         with opener(path, "rb") as file:
             snapshot = _PlainDataUnpickler(file).load()
-    except (pickle.UnpicklingError, EOFError, gzip.BadGzipFile) as error:
-        raise ValueError(f"{path}: not a CUDA memory snapshot: {error}") from None
-    if not isinstance(snapshot, dict) or "segments" not in snapshot:
-        raise ValueError(f"{path}: not a CUDA memory snapshot (expected a dict with 'segments')")
+    except (pickle.UnpicklingError, EOFError, gzip.BadGzipFile, ValueError, OverflowError, MemoryError) as error:
+        raise ValueError(f"{path}: not a CUDA memory snapshot: {type(error).__name__}: {error}") from None
+    segments = snapshot.get("segments") if isinstance(snapshot, dict) else None
+    well_formed = isinstance(segments, list) and all(
+        isinstance(segment, dict) and segment.keys() >= SEGMENT_KEYS for segment in segments
+    )
+    if not well_formed:
+        raise ValueError(f"{path}: not a CUDA memory snapshot (expected 'segments' with {sorted(SEGMENT_KEYS)})")
     return snapshot
 
 

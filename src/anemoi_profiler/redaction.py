@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 REDACTED = "***"
 _SECRET_NAME = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credential|auth)", re.I)
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 def is_secret_name(name: str) -> bool:
@@ -33,6 +34,11 @@ def redact_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def redact_text(text: str) -> str:
+    """Redact every URI inside free text, such as an error message that quotes the URL it failed on."""
+    return _URI_IN_TEXT.sub(lambda match: redact_uri(match.group(0)), text)
+
+
 def redact(value: Any, name: str = "") -> Any:
     """Redact a value for publication: secret-named keys are hidden, URIs lose their credentials."""
     if isinstance(value, Mapping):
@@ -42,5 +48,5 @@ def redact(value: Any, name: str = "") -> Any:
     if name and is_secret_name(name) and value not in (None, ""):
         return REDACTED
     if isinstance(value, str):
-        return redact_uri(value)
+        return redact_text(value)
     return value

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import trainer_info
 from .config import ProfilerConfig
+from .diagnosis import diagnosis_section
 from .distributed import RankExchange
 from .environment import collect_environment
 from .metric_history import MetricHistory
@@ -78,15 +79,38 @@ class ProfilerSession:
         return bool(self._members)
 
     @property
+    def available(self) -> bool:
+        """False when the profiler could not start (say, an unwritable output folder): it stays off."""
+        return self.run_dir is not None
+
+    def is_member(self, member: object) -> bool:
+        return id(member) in self._members
+
+    @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
     # ---- lifecycle ----
-    def attach(self, trainer: Any, member: object) -> None:
-        """Join the session; the first member starts it (run folder, config copy, environment, sink)."""
+    def attach(self, trainer: Any, member: object) -> bool:
+        """Join the session; the first member starts it (run folder, config copy, environment, sink).
+
+        Returns False when the profiler cannot run (said once, in a warning): the training must go on.
+        """
         if not self._members:
-            self._start(trainer)
+            try:
+                self._start(trainer)
+            except Exception as error:
+                self.run_dir = None
+                if self.sink is not None:  # started before the failure: stop its thread, keep its spool
+                    self.sink.close("KILLED", timeout_s=0.0)
+                    self.sink = None
+                log.warning(
+                    "anemoi-profiler: could not start (%s: %s); the profiler is off for this run, training goes on",
+                    type(error).__name__,
+                    error,
+                )
         self._members.add(id(member))
+        return self.available
 
     def mark_failed(self, status: str) -> None:
         self._status = status
@@ -110,17 +134,38 @@ class ProfilerSession:
         self._status = "FINISHED"
         self._summary_metrics = {}
         self.history = MetricHistory()
-        output_dir = Path(self.config.output_dir).resolve()
-        run_dir = create_run_folder(output_dir, self.config.fingerprint()) if self.is_global_zero else None
-        self.run_dir = Path(self._from_rank_zero(trainer, str(run_dir) if run_dir else None))
-        header = {"run folder": str(self.run_dir)}
-        if self.is_global_zero:
-            (self.run_dir / "config.yaml").write_text(_redacted_yaml(self.config))
-            environment = collect_environment(trainer)
-            (self.run_dir / "environment.json").write_text(json.dumps(environment, indent=2, default=str))
-            header.update(_header_from_environment(environment, trainer))
-        self._report = RunReport(header)
+        self.run_dir = None
+        self._report = None
+        self.sink = None
+        header: dict[str, Any] = {}
+        run_dir = self._write_run_folder(trainer, header) if self.is_global_zero else None
+        # Every rank learns whether rank 0 could write the run folder, so they all stay in step.
+        shared = self._from_rank_zero(trainer, str(run_dir) if run_dir else None)
+        if shared is None:
+            return
+        self.run_dir = Path(shared)
+        self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer)
+
+    def _write_run_folder(self, trainer: Any, header: dict[str, Any]) -> Path | None:
+        """Rank 0: create the run folder with the config and the environment; None when the disk refuses."""
+        output_dir = Path(self.config.output_dir).resolve()
+        try:
+            run_dir = create_run_folder(output_dir, self.config.fingerprint())
+            (run_dir / "config.yaml").write_text(_redacted_yaml(self.config))
+            environment = collect_environment(trainer)
+            (run_dir / "environment.json").write_text(json.dumps(environment, indent=2, default=str))
+        except OSError as error:
+            log.warning(
+                "anemoi-profiler: cannot write a run folder below %s (%s: %s); the profiler is off for this run, "
+                "training goes on. Set output_dir to a writable folder.",
+                output_dir,
+                type(error).__name__,
+                error.strerror or error,
+            )
+            return None
+        header.update(_header_from_environment(environment, trainer))
+        return run_dir
 
     def _start_sink(self, trainer: Any) -> None:
         tracking = self.config.tracking
@@ -140,14 +185,14 @@ class ProfilerSession:
         prefix = trainer_info.logger_prefix(logger) if logger is not None else ""
         if self.is_global_zero:
             self.sink = self._make_sink(run_id, prefix)
-            if self.world_size > 1 and run_id is None:
+            if self.world_size > 1 and run_id is None and self.sink is not None:
                 run_id = self.sink.wait_for_run(timeout_s=60.0)
         if self.world_size > 1:
             # One MLflow run per job: rank 0 created (or found) it, the others write into it.
             run_id = self._from_rank_zero(trainer, run_id)
             if not self.is_global_zero and self.local_rank == 0 and run_id:
                 self.sink = self._make_sink(run_id, prefix)
-        if self.is_global_zero:
+        if self.is_global_zero and self.sink is not None:
             self.sink.log_params(
                 {
                     f"{ARTIFACT_ROOT}/config_hash": self.config.fingerprint(),
@@ -155,20 +200,31 @@ class ProfilerSession:
                 }
             )
 
-    def _make_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink:
+    def _make_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink | None:
+        """The sink, or None (with a warning) when its spool cannot be written: no MLflow, training goes on."""
         assert self.run_dir is not None and self.tracking_uri is not None
         tracking = self.config.tracking
-        return TrackingSink(
-            self.tracking_uri,
-            tracking.experiment,
-            self.run_dir / "spool" / f"rank{self.global_rank}",
-            run_id=run_id,
-            run_name=tracking.run_name or self.run_dir.name,
-            key_prefix=key_prefix,
-            tags={"anemoi_profiler.run_folder": str(self.run_dir)},
-            flush_interval_s=tracking.flush_interval_s,
-            retry_interval_s=tracking.retry_interval_s,
-        )
+        try:
+            return TrackingSink(
+                self.tracking_uri,
+                tracking.experiment,
+                self.run_dir / "spool" / f"rank{self.global_rank}",
+                run_id=run_id,
+                run_name=tracking.run_name or self.run_dir.name,
+                key_prefix=key_prefix,
+                tags={"anemoi_profiler.run_folder": str(self.run_dir)},
+                flush_interval_s=tracking.flush_interval_s,
+                retry_interval_s=tracking.retry_interval_s,
+            )
+        except OSError as error:
+            log.warning(
+                "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
+                "run, training goes on",
+                self.run_dir / "spool",
+                type(error).__name__,
+                error.strerror or error,
+            )
+            return None
 
     @staticmethod
     def _from_rank_zero(trainer: Any, value: Any) -> Any:
@@ -178,10 +234,16 @@ class ProfilerSession:
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""
+        if self.run_dir is None:
+            return  # the profiler could not start on any rank: nothing to finish
         if not self.failed:
             self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
         steps = [
+            # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
+            (self.sink is not None, "spool the metrics", lambda: self.sink.spool_now()),
             (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
+            (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
+             self._write_html_report),
             (self.sink is not None and bool(self._summary_metrics), "log summary metrics",
              lambda: self.sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
             (self.sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
@@ -208,9 +270,20 @@ class ProfilerSession:
         )
         self.history.add(self._summary_metrics, trainer_info.global_step(trainer))
         self.history.write(self.run_dir)
+        diagnosis = diagnosis_section(self.run_dir)  # reads metrics.json just written; never raises
+        if diagnosis is not None:
+            report.sections.insert(0, diagnosis)
         report.write(self.run_dir, txt=self.config.report.txt, as_json=self.config.report.json)
         if self.config.report.console:
             report.print_console()
+
+    def _write_html_report(self) -> None:
+        from .html_report import write_html_report  # matplotlib is imported only here
+        from .plots import write_plot_images
+
+        assert self.run_dir is not None
+        write_html_report(self.run_dir)
+        write_plot_images(self.run_dir)  # plots/*.png, uploaded with the run folder
 
     def _upload_run_folder(self) -> None:
         assert self.sink is not None and self.run_dir is not None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .redaction import redact_uri
+from .redaction import REDACTED, redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,11 @@ class Batch:
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__))
+        try:
+            tmp.write_text(json.dumps(self.__dict__))
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+            raise
         tmp.replace(path)
 
 
@@ -84,8 +88,9 @@ class MlflowTarget:
     def __init__(self, spool_dir: Path, tracking_uri: str | None = None) -> None:
         self.spool_dir = spool_dir
         info = json.loads((spool_dir / RUN_FILE).read_text())
-        self.tracking_uri = tracking_uri or info["tracking_uri"]
+        self.tracking_uri = tracking_uri or _without_redacted_credentials(info["tracking_uri"])
         self.info = info
+        self.info_unsaved = False  # the run id is not in run.json yet: the disk refused it
         self._client: Any = None
 
     @property
@@ -103,17 +108,34 @@ class MlflowTarget:
         if self.run_id:
             return self.run_id
         client = self.client()
-        experiment = client.get_experiment_by_name(self.info["experiment"])
-        if experiment is None:
-            location = artifact_location_for(self.tracking_uri)
-            experiment_id = client.create_experiment(self.info["experiment"], artifact_location=location)
-        else:
-            experiment_id = experiment.experiment_id
+        experiment_id = self._experiment_id(client)
         run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
         self.info["run_id"] = run.info.run_id
         self.info["experiment_id"] = experiment_id
-        _write_run_file(self.spool_dir, self.info)
+        self.save_info()
         return run.info.run_id
+
+    def save_info(self) -> None:
+        """Record the run id in run.json, so that `sync` adds to this run; a full disk only delays it."""
+        try:
+            _write_run_file(self.spool_dir, self.info)
+            self.info_unsaved = False
+        except OSError:
+            self.info_unsaved = True
+
+    def _experiment_id(self, client: Any) -> str:
+        from mlflow.exceptions import MlflowException
+
+        name = self.info["experiment"]
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return client.create_experiment(name, artifact_location=artifact_location_for(self.tracking_uri))
+            except MlflowException:
+                experiment = client.get_experiment_by_name(name)  # another job created it a moment ago
+                if experiment is None:
+                    raise
+        return experiment.experiment_id
 
     def send(self, batch: Batch) -> None:
         """Send a batch request by request, removing from `batch` what MLflow has taken.
@@ -144,8 +166,19 @@ class MlflowTarget:
                 self._call(client.log_artifact, run_id, local_path, artifact_dir or None)
             batch.artifacts.pop(0)
         if batch.terminate:
-            self._call(client.set_terminated, run_id, batch.terminate)
+            self._call(self._terminate, client, run_id, batch.terminate)
             batch.terminate = None
+
+    def _terminate(self, client: Any, run_id: str, status: str) -> None:
+        """`set_terminated`, except that with credentials in the URI the run's URL is not printed to stdout:
+        MLflow prints it with the password in it."""
+        store = getattr(getattr(client, "_tracking_client", None), "store", None)
+        if store is None or redact_uri(self.tracking_uri) == self.tracking_uri:
+            client.set_terminated(run_id, status)
+            return
+        from mlflow.entities import RunStatus
+
+        store.update_run_info(run_id, RunStatus.from_string(status), int(time.time() * 1000), None)
 
     @staticmethod
     def _call(fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -155,9 +188,16 @@ class MlflowTarget:
             fn(*args, **kwargs)
         except MlflowException as error:
             if error.error_code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS"):
-                log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", str(error).splitlines()[0])
+                reason = redact_text(str(error).splitlines()[0])
+                log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", reason)
                 return
             raise
+
+
+def _without_redacted_credentials(uri: str) -> str:
+    """The URI recorded in run.json, minus the `***@` left of its credentials: MLflow then takes them from
+    MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or give `sync --tracking-uri`)."""
+    return uri.replace(f"://{REDACTED}@", "://", 1)
 
 
 def _write_run_file(spool_dir: Path, info: Mapping[str, Any]) -> None:
@@ -176,25 +216,38 @@ def replay_spool(
     """Send every spooled batch, merged into as few requests as possible; return (files sent, files left).
 
     On failure the unsent remainder is written back in place of the first file, so order is kept and
-    nothing is sent twice. Used by the sink's thread and by `anemoi-profiler sync`.
+    nothing is sent twice. An unreadable file is renamed `*.unreadable`, kept and counted as left. Used by the
+    sink's thread and by `anemoi-profiler sync`.
     """
     target = target or MlflowTarget(spool_dir, tracking_uri)
     files = pending_batches(spool_dir)
     if not files:
         return 0, 0
-    merged = Batch()
-    for path in files:
-        merged.merge(Batch.read(path))
+    merged, unreadable = Batch(), 0
+    for path in list(files):
+        try:
+            merged.merge(Batch.read(path))
+        except (ValueError, TypeError) as error:  # spool files are written atomically: only a damaged disk
+            kept = path.with_name(path.name + ".unreadable")
+            path.replace(kept)
+            files.remove(path)
+            unreadable += 1
+            log.warning("anemoi-profiler: spool file %s is unreadable (%s); kept as %s, not sent", path, error, kept)
+    if not files:
+        return 0, unreadable
     try:
         target.send(merged)
-    except Exception:
-        merged.write(files[0])
+    except Exception as error:
+        try:
+            merged.write(files[0])
+        except OSError:
+            raise error from None  # a full disk: the files stay as they were; the store drops what it had already
         for path in files[1:]:
             path.unlink()
         raise
     for path in files:
         path.unlink()
-    return len(files), 0
+    return len(files), unreadable
 
 
 class TrackingSink:
@@ -227,7 +280,7 @@ class TrackingSink:
         _write_run_file(
             spool_dir,
             {
-                "tracking_uri": tracking_uri,
+                "tracking_uri": redact_uri(tracking_uri),  # no password on disk; `sync` asks MLflow's env for it
                 "experiment": experiment,
                 "run_id": run_id,
                 "run_name": run_name,
@@ -246,6 +299,10 @@ class TrackingSink:
         self._last_attempt = 0.0
         self._warned = False
         self._closed = False
+        self._unspooled = Batch()  # records the spool could not take (disk full): sent from memory
+        self._spool_error: str | None = None
+        self._spool_warned = False
+        self._dropped_metrics = 0
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -270,6 +327,13 @@ class TrackingSink:
     def run_id(self) -> str | None:
         return self._target.run_id
 
+    def spool_now(self) -> None:
+        """Write what is queued to the spool from the calling thread, even while the sink's thread waits on a slow
+        server, so that a SIGKILL cannot lose it; a disk that refuses hands the records back to that thread."""
+        refused = self._spool_queued()
+        if refused is not None:
+            self._queue.put(("batch", refused))
+
     def wait_for_run(self, timeout_s: float) -> str | None:
         """The run id once the background thread has created (or reached) the run; None if it could not."""
         self._run_ready.wait(timeout_s)
@@ -293,13 +357,25 @@ class TrackingSink:
         self._closed = True
         if status and self.owns_run:
             self._queue.put(("terminate", status))
+        self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            # The server is too slow: stop waiting and put whatever is still queued into the spool.
-            self._write_batch(self._drain())
+            # The server is too slow: stop waiting and put whatever came since into the spool.
+            refused = self._spool_queued()
+            self._dropped_metrics += len(refused.metrics) if refused is not None else 0
+        else:
+            self._dropped_metrics += len(self._unspooled.metrics)
         atexit.unregister(self._flush_at_exit)
+        if self._dropped_metrics:
+            log.warning(
+                "anemoi-profiler: %d metric point(s) could neither be sent to MLflow nor written to %s (%s); "
+                "they are lost",
+                self._dropped_metrics,
+                self.spool_dir,
+                self._spool_error,
+            )
         left = pending_batches(self.spool_dir)
         if left:
             log.warning(
@@ -353,6 +429,8 @@ class TrackingSink:
                 batch.terminate = item[1]
             elif kind == "flush":
                 flushes.append(item[1])
+            elif kind == "batch":
+                batch.merge(item[1])
 
     def _write_batch(self, drained: tuple[Batch, list[threading.Event]]) -> None:
         batch, flushes = drained
@@ -374,7 +452,7 @@ class TrackingSink:
                 return
             self._flush_requested.clear()
             batch, flushes = self._drain()
-            self._write_batch((batch, []))
+            self._spool(batch)
             if send_now:
                 self._last_attempt = time.monotonic()
                 try:
@@ -382,16 +460,61 @@ class TrackingSink:
                         self._target.ensure_run()
                     else:
                         replay_spool(self.spool_dir, target=self._target)
+                        if not self._unspooled.empty():
+                            self._target.send(self._unspooled)  # newer than the spool files: after them
                     self._mark_online()
                 except Exception as error:
                     self._mark_offline(error)
             for done in flushes:
                 done.set()
         except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
-            log.warning("anemoi-profiler: tracking thread error (%s); will retry", error)
+            log.warning("anemoi-profiler: tracking thread error (%s); will retry", redact_text(str(error)))
         finally:
             if self.run_id:
                 self._run_ready.set()
+
+    def _spool_queued(self) -> Batch | None:
+        """From the calling thread: write what is queued to the spool; the batch the disk refused, or None."""
+        batch, flushes = self._drain()
+        try:
+            self._write_batch((batch, []))
+        except OSError as error:
+            self._spool_error = self._spool_error or f"{type(error).__name__}: {error}"
+            return batch
+        finally:
+            for done in flushes:
+                done.set()
+        return None
+
+    def _spool(self, batch: Batch) -> None:
+        """Write-ahead: put `batch` (and what an earlier failed write left) into a spool file.
+
+        When the disk refuses (full, read-only), the records stay in memory and are sent from there; only
+        if MLflow is away too are the oldest dropped beyond MAX_RECORDS_IN_MEMORY, so memory stays bounded.
+        """
+        self._unspooled.merge(batch)
+        if self._unspooled.empty():
+            return
+        try:
+            self._write_batch((self._unspooled, []))
+            if self._target.info_unsaved:
+                self._target.save_info()
+        except OSError as error:
+            self._spool_error = f"{type(error).__name__}: {error}"
+            if not self._spool_warned:
+                self._spool_warned = True
+                log.warning(
+                    "anemoi-profiler: cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
+                    "and are lost only if MLflow is away too",
+                    self.spool_dir,
+                    self._spool_error,
+                )
+            excess = len(self._unspooled.metrics) - MAX_RECORDS_IN_MEMORY
+            if excess > 0:
+                del self._unspooled.metrics[:excess]
+                self._dropped_metrics += excess
+            return
+        self._unspooled = Batch()
 
     def _mark_online(self) -> None:
         if self._offline_since is not None:
@@ -408,11 +531,11 @@ class TrackingSink:
         if not self._warned:
             self._warned = True
             log.warning(
-                "anemoi-profiler: MLflow at %s is not reachable (%s: %s). Training goes on; metrics are kept "
-                "in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
+                "anemoi-profiler: MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
+                "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
                 redact_uri(self.tracking_uri),
                 type(error).__name__,
-                str(error).splitlines()[0][:200] if str(error) else "",
+                redact_text(str(error).splitlines()[0])[:200] if str(error) else "",
                 self.spool_dir,
                 self.retry_interval_s,
                 self.spool_dir.parents[1],

@@ -56,21 +56,26 @@ class ProfilerCallback(Callback):
         self.disabled = False
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self.disabled = False
-        self.session.attach(trainer, self)
-        self._start(trainer, pl_module)
+        # A profiler that cannot start (unwritable output folder) stays off; the session said why, once.
+        self.disabled = not self.session.attach(trainer, self)
+        if not self.disabled:
+            self._start(trainer, pl_module)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._end(trainer, "FINISHED")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._end(trainer, "KILLED" if isinstance(exception, KeyboardInterrupt) else "FAILED")
+        # Ctrl-C, and a scheduler's SIGTERM (Lightning raises SIGTERMException, a SystemExit): stopped, not failed.
+        stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
+        self._end(trainer, "KILLED" if stopped else "FAILED")
 
     @guarded
     def _start(self, trainer: Any, pl_module: Any) -> None:
         self.on_session_start(trainer, pl_module)
 
     def _end(self, trainer: Any, status: str) -> None:
+        if not self.session.is_member(self):
+            return  # the run ended before `setup` (nothing was started), or this callback already left
         if status != "FINISHED":
             self.session.mark_failed(status)
         try:
@@ -80,7 +85,8 @@ class ProfilerCallback(Callback):
         except Exception as error:
             log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
         finally:
-            self.stop_background_work()
+            if self.session.available:
+                self.stop_background_work()
             self.session.release(trainer, self, status)
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
