@@ -27,8 +27,11 @@ TOTAL_KEYS = ("batches", "samples", "items", "wait_s", "elapsed_s")
 class StageCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         device = trainer_info.root_device(trainer)
+        # With one rank the profiler's own work is taken out of the intervals. With several, the other ranks
+        # wait for it in their next collective, so taking it out on one rank only would skew the sum.
         overhead = self.session.overhead
-        self.meters = {stage: StageMeter(device, lambda: overhead.total_s) for stage in STAGES}
+        self._own_work = (lambda: overhead.total_s) if self.session.world_size == 1 else (lambda: 0.0)
+        self.meters = {stage: StageMeter(device, self._own_work) for stage in STAGES}
         self._overhead_at_batch_end = 0.0
         self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
@@ -72,7 +75,7 @@ class StageCallback(ProfilerCallback):
         elif self.train_batches_seen == self.config.throughput.warmup_steps:
             meter.start()
         self._last_batch_end = time.perf_counter()
-        self._overhead_at_batch_end = self.session.overhead.total_s
+        self._overhead_at_batch_end = self._own_work()
 
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
@@ -106,7 +109,7 @@ class StageCallback(ProfilerCallback):
         if meter.batches >= self.config.log_every_n_steps:
             self._lap(trainer, "val")
         self._last_batch_end = time.perf_counter()
-        self._overhead_at_batch_end = self.session.overhead.total_s
+        self._overhead_at_batch_end = self._own_work()
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -124,7 +127,7 @@ class StageCallback(ProfilerCallback):
         out: mostly waiting for data (other callbacks' end-of-batch work counts too)."""
         if self._last_batch_end is None:
             return 0.0
-        profiler_work = self.session.overhead.total_s - self._overhead_at_batch_end
+        profiler_work = self._own_work() - self._overhead_at_batch_end
         return max(0.0, self._batch_start - self._last_batch_end - profiler_work)
 
     def _lap(self, trainer: Any, stage: str, final: bool = False) -> None:
