@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from pathlib import Path
 
@@ -13,9 +12,7 @@ from .config import PRESETS, ConfigError, ProfilerConfig
 from .profiling.component import add_component_arguments, run_component_cli
 from .redaction import redact_text
 from .report_command import add_report_arguments, run_report_cli
-
-MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
-"""MLflow's own rule for run ids; anything else (say `../../etc`) must never become part of a path."""
+from .run_data import MLFLOW_RUN_ID
 
 
 def main(argv: list[str] | None = None) -> int:
