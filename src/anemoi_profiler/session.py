@@ -75,10 +75,6 @@ class ProfilerSession:
         return self._status != "FINISHED"
 
     @property
-    def active(self) -> bool:
-        return bool(self._members)
-
-    @property
     def available(self) -> bool:
         """False when the profiler could not start (say, an unwritable output folder): it stays off."""
         return self.run_dir is not None

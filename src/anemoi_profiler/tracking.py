@@ -317,9 +317,6 @@ class TrackingSink:
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._queue.put(("params", {k: str(v)[:6000] for k, v in params.items()}))
 
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._queue.put(("tags", {k: str(v)[:5000] for k, v in tags.items()}))
-
     def log_artifact(self, local_path: Path, artifact_dir: str = "") -> None:
         self._queue.put(("artifact", str(local_path), artifact_dir))
 

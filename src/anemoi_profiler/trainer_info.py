@@ -65,9 +65,5 @@ def root_device(trainer: Any) -> Any:
     return device if isinstance(device, torch.device) else torch.device("cpu")
 
 
-def is_cuda(trainer: Any) -> bool:
-    return root_device(trainer).type == "cuda"
-
-
 def global_step(trainer: Any) -> int:
     return int(getattr(trainer, "global_step", 0))
