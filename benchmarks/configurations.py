@@ -10,6 +10,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -196,6 +197,7 @@ def fit_once(
     """Train `bench.total` batches with configuration `name` (or a ready `setup`) and time the steady state."""
     folder.mkdir(parents=True, exist_ok=True)
     setup = setup or CONFIGURATIONS[name](bench, folder)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     clock = StepClock(bench.warmup, bench.total, sync_cuda=bench.device == "cuda")
     timer = floor = None
     timed: list[Any] = []
@@ -211,6 +213,8 @@ def fit_once(
     with (folder / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
         trainer.fit(model, loader)
     fit_ended = time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the MLflow sender has ended with the fit
+    children_cpu_s = children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
     run_dir = setup.ours[0].session.run_dir if setup.ours else None
     result = FitResult(
         name=name,
@@ -220,7 +224,14 @@ def fit_once(
         step_times_ms=clock.step_times_ms(),
         run_dir=run_dir,
         hooks=hook_summary(timer, floor, bench.warmup) if timer and floor else None,
-        extras={"end_of_fit_s": fit_ended - clock.batch_ends[-1]},
+        extras={
+            "end_of_fit_s": fit_ended - clock.batch_ends[-1],
+            "best_step_ms": clock.best_step_ms(),
+            "thread_cpu_us_per_batch": {
+                name: seconds * 1e6 / bench.total for name, seconds in clock.background_cpu_s.items()
+            },
+            "child_process_cpu_us_per_batch": children_cpu_s * 1e6 / bench.total,
+        },
     )
     if timer and cprofile_hooks:
         result.extras["cprofile"] = timer.cprofile_top()

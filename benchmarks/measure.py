@@ -8,6 +8,7 @@ import io
 import itertools
 import pstats
 import statistics
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -17,8 +18,10 @@ import torch
 
 try:
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.trainer.call import _call_callback_hooks
 except ImportError:  # pragma: no cover - only pytorch_lightning installed
     from pytorch_lightning.callbacks import Callback
+    from pytorch_lightning.trainer.call import _call_callback_hooks
 
 HOOK_NAMES = tuple(sorted(name for name in dir(Callback) if name.startswith("on_")))
 
@@ -38,12 +41,15 @@ class StepClock(Callback):
         self.total = total
         self.sync_cuda = sync_cuda
         self.batch_ends: list[float] = []
+        self.background_cpu_s: dict[str, float] = {}
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = len(self.batch_ends) + 1
         if self.sync_cuda and done in (self.warmup, self.total):
             torch.cuda.synchronize()
         self.batch_ends.append(time.perf_counter())
+        if done == self.total:  # the callbacks' threads end with the fit
+            self.background_cpu_s = background_thread_cpu_s()
 
     @property
     def measured_batches(self) -> int:
@@ -59,6 +65,12 @@ class StepClock(Callback):
     @property
     def step_ms(self) -> float:
         return self.elapsed_s / self.measured_batches * 1000
+
+    def best_step_ms(self, window: int = 10) -> float:
+        """The lowest mean step time over `window` consecutive measured batches: the machine's quiet moments."""
+        ends = self.batch_ends[self.warmup - 1 :]
+        spans = [later - earlier for earlier, later in zip(ends, ends[window:], strict=False)]
+        return min(spans) / window * 1000 if spans else self.step_ms
 
     def step_times_ms(self) -> list[float]:
         """Host time of each measured batch (on CUDA without a sync: the device may lag behind)."""
@@ -85,7 +97,9 @@ class HookTimer:
         self.profile = cProfile.Profile() if cprofile else None
         for callback in callbacks:
             for name in HOOK_NAMES:
-                setattr(callback, name, self._timed(type(callback).__name__, name, getattr(callback, name)))
+                hook = getattr(callback, name)
+                if callable(hook):  # a callback may take a hook it does not use off its instance
+                    setattr(callback, name, self._timed(type(callback).__name__, name, hook))
         self.boundary = _BatchBoundary(self)
 
     def _timed(self, owner: str, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,12 +160,13 @@ class HookTimer:
 
 
 class HookLoop(Callback):
-    """After batch `after_batch`, calls the given callbacks' per-batch hooks in a tight loop and times blocks.
+    """After batch `after_batch`, replays one batch's hook calls in a tight loop, through Lightning's dispatcher.
 
-    A best-of-blocks figure that preemption on a loaded machine cannot inflate: each block runs `per_block`
-    simulated batches (log intervals included, so their work is spread over the batches as in training) and
-    the loop's own cost (the same calls into no-op functions) is subtracted. Hooks are taken from the
-    classes, so a HookTimer's wrappers on the instances are not in the way. Put it last.
+    What our callbacks add to every step on the training thread, Lightning's own work to call them
+    included: blocks of `per_block` simulated batches (log intervals included, so their work is spread over
+    the batches as in training) with only our callbacks in `trainer.callbacks`, each followed by the same
+    block with no callbacks at all; a block's cost is the difference. Preemption on a loaded machine
+    inflates single blocks, not the best of them. Put it last; it restores the callback list.
     """
 
     SEQUENCE = (
@@ -170,7 +185,7 @@ class HookLoop(Callback):
         self.per_block = per_block
         self.batches = 0
         self.block_us: list[float] = []
-        self.loop_us = 0.0
+        self.dispatch_us: list[float] = []
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.batches += 1
@@ -179,27 +194,32 @@ class HookLoop(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         optimizer = trainer.optimizers[0]
         arguments = {
-            "on_train_batch_start": (trainer, pl_module, batch, batch_idx),
-            "on_before_backward": (trainer, pl_module, loss),
-            "on_after_backward": (trainer, pl_module),
-            "on_before_optimizer_step": (trainer, pl_module, optimizer),
-            "on_before_zero_grad": (trainer, pl_module, optimizer),
-            "on_train_batch_end": (trainer, pl_module, outputs, batch, batch_idx),
+            "on_train_batch_start": (batch, batch_idx),
+            "on_before_backward": (loss,),
+            "on_after_backward": (),
+            "on_before_optimizer_step": (optimizer,),
+            "on_before_zero_grad": (optimizer,),
+            "on_train_batch_end": (outputs, batch, batch_idx),
         }
-        calls = [
-            (getattr(type(callback), name).__get__(callback), arguments[name])
-            for name in self.SEQUENCE
-            for callback in self.callbacks
-        ]
-        self.loop_us = min(self._time_block([(_no_op, args) for _, args in calls]) for _ in range(self.blocks))
-        self.block_us = [self._time_block(calls) - self.loop_us for _ in range(self.blocks)]
+        calls = [(name, arguments[name]) for name in self.SEQUENCE]
+        saved = list(trainer.callbacks)
+        try:
+            for _ in range(self.blocks):
+                trainer.callbacks[:] = self.callbacks
+                ours = self._time_block(trainer, calls)
+                trainer.callbacks[:] = []
+                empty = self._time_block(trainer, calls)
+                self.block_us.append(ours - empty)
+                self.dispatch_us.append(empty)
+        finally:
+            trainer.callbacks[:] = saved
 
-    def _time_block(self, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> float:
+    def _time_block(self, trainer: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> float:
         """Microseconds per simulated batch over one block."""
         started = time.perf_counter()
         for _ in range(self.per_block):
-            for function, arguments in calls:
-                function(*arguments)
+            for name, arguments in calls:
+                _call_callback_hooks(trainer, name, *arguments)
         return (time.perf_counter() - started) / self.per_block * 1e6
 
     def summary(self) -> dict[str, Any]:
@@ -210,12 +230,22 @@ class HookLoop(Callback):
             "batches_per_block": self.per_block,
             "best_us": min(self.block_us),
             "median_us": statistics.median(self.block_us),
-            "loop_us": self.loop_us,
+            "empty_dispatch_us": min(self.dispatch_us),
         }
 
 
-def _no_op(*args: Any) -> None:
-    pass
+def background_thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of every live thread but the calling one, by thread name (Linux: per-thread CPU clocks)."""
+    current = threading.get_ident()
+    used = {}
+    for thread in threading.enumerate():
+        if thread.ident is None or thread.ident == current:
+            continue
+        try:
+            used[thread.name] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (AttributeError, OSError):
+            continue
+    return used
 
 
 class _BatchBoundary(Callback):

@@ -32,6 +32,7 @@ import torch
 from configurations import CONFIGURATIONS, SINK_AVAILABLE, Bench, missing
 from models import SPECS, quiet_lightning
 from sections import (
+    always_on_cost,
     detailed_preset_check,
     hta_scaling,
     overhead,
@@ -81,10 +82,10 @@ CONTENTION = 2.0
 """The timer's wall time over its CPU time on no-op hooks above which the machine is too busy to time hooks."""
 
 
-def hooks_noise(store: str) -> Callable[[dict[str, Any]], str | None]:
+def hooks_noise(store: str) -> Callable[[dict[str, Any], float], str | None]:
     """Why the in-fit hook timing of `store` cannot resolve the target, if it cannot."""
 
-    def reason(results: dict[str, Any]) -> str | None:
+    def reason(results: dict[str, Any], threshold: float) -> str | None:
         floor = results["sink_cost"][store]["hooks"]["timer_floor_us"]
         if floor["wall_mean"] > CONTENTION * floor["cpu_mean"]:
             return (
@@ -96,15 +97,27 @@ def hooks_noise(store: str) -> Callable[[dict[str, Any]], str | None]:
     return reason
 
 
-def overhead_noise(results: dict[str, Any]) -> str | None:
-    """A bare Trainer against itself should give 1.000; when it does not, a 2% difference is not resolved."""
+def overhead_noise(results: dict[str, Any], threshold: float) -> str | None:
+    """A bare Trainer against itself should give 1.000; when it strays further than the target, the target
+    is not resolved by whole fits on this machine."""
     control = results["overhead"]["configurations"].get("bare (control)")
     if control is None:
         return None
     spread = control["ratio_to_bare"]
-    if max(abs(spread["min"] - 1), abs(spread["max"] - 1)) > 0.02:
-        return f"bare against bare gave ratios {spread['min']:.3f}-{spread['max']:.3f}"
+    if max(abs(spread["min"] - 1), abs(spread["max"] - 1)) * 100 > threshold:
+        return (
+            f"bare against bare gave ratios {spread['min']:.3f}-{spread['max']:.3f}: whole fits cannot resolve "
+            f"{threshold:g}% here; see the always-on cost target"
+        )
     return None
+
+
+def outside_windows_excess(results: dict[str, Any]) -> float:
+    """How far (percentage points) the detailed preset's steps outside its windows stray from the always-on
+    set's beyond what the bare-vs-bare control strayed: <= 0 is within noise."""
+    section = results["overhead"]["outside_windows"]
+    ratio = section["ratio_to_always_on"]["median"]
+    return (abs(ratio - 1) - section["noise"]) * 100
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,8 @@ class Target:
     comparison: str
     threshold: float
     locate: Callable[[dict[str, Any]], Any]
-    noise: Callable[[dict[str, Any]], str | None] | None = None
+    noise: Callable[[dict[str, Any], float], str | None] | None = None
+    cuda_threshold: float | None = None  # when the target is tighter on a GPU
 
 
 TARGETS = [
@@ -156,12 +170,28 @@ TARGETS = [
         lambda r: r["throughput_accuracy"]["long_runs_max_abs_error_pct"],
     ),
     Target(
-        "always_on_overhead_pct",
-        "always-on set, step-time overhead (median %)",
+        "always_on_cost_pct",
+        "always-on set: training-thread cost + background CPU per step, over a bare step (%)",
         "<=",
-        2.0,
+        1.0,
+        lambda r: r["always_on_cost"]["overhead_pct"],
+        cuda_threshold=0.5,
+    ),
+    Target(
+        "always_on_overhead_pct",
+        "always-on set, whole fits against bare fits (median step-time overhead %)",
+        "<=",
+        1.0,
         lambda r: (r["overhead"]["configurations"]["ours: always-on"]["ratio_to_bare"]["median"] - 1) * 100,
         overhead_noise,
+        cuda_threshold=0.5,
+    ),
+    Target(
+        "outside_windows_excess_pp",
+        "detailed preset outside its windows vs always-on: |median ratio - 1| beyond the control's (pp)",
+        "<=",
+        0.0,
+        outside_windows_excess,
     ),
 ]
 
@@ -235,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             section("hta_scaling", lambda: hta_scaling(fixture, mode.hta_ranks, mode.hta_time_limit_s, work_dir))
     finally:
         server.stop()
+    results["always_on_cost"] = always_on_cost(results)
     results["meta"]["seconds"] = round(time.monotonic() - started, 1)
     results["meta"]["load_average_end"] = os.getloadavg()
     results["targets"] = check_targets(results)
@@ -331,18 +362,20 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """PASS or FAIL per target; SKIP when not measured; NOISY when the measurement's own control says the
     machine was too busy to resolve it (the value is still given)."""
     checked = []
+    cuda = results["meta"]["device"] == "cuda"
     for target in TARGETS:
+        threshold = target.cuda_threshold if cuda and target.cuda_threshold is not None else target.threshold
         row: dict[str, Any] = {"target": target.key, "what": target.what}
-        row["threshold"] = f"{target.comparison} {target.threshold:g}"
+        row["threshold"] = f"{target.comparison} {threshold:g}"
         try:
             value = float(target.locate(results))
         except (KeyError, TypeError, ValueError):
             checked.append({**row, "value": None, "status": "SKIP"})
             continue
-        passed = {"<=": value <= target.threshold, "<": value < target.threshold, ">=": value >= target.threshold}
+        passed = {"<=": value <= threshold, "<": value < threshold, ">=": value >= threshold}
         row.update(value=value, status="PASS" if passed[target.comparison] else "FAIL")
         try:
-            noise = target.noise(results) if target.noise else None
+            noise = target.noise(results, threshold) if target.noise else None
         except (KeyError, TypeError):
             noise = None
         if noise:
@@ -366,6 +399,7 @@ def render(results: dict[str, Any]) -> str:
     lines += render_overhead(results.get("overhead"))
     lines += render_throughput(results.get("throughput_accuracy"))
     lines += render_sink(results.get("sink_cost"))
+    lines += render_cost(results.get("always_on_cost"))
     lines += render_trace(results.get("trace_cost"), results.get("report_cost"))
     lines += render_hta(results.get("hta_scaling"))
     lines += render_detailed(results.get("detailed_preset"))
@@ -384,16 +418,41 @@ def render_overhead(section: dict[str, Any] | None) -> list[str]:
         "",
         f"Step-time overhead: {section['measured_batches']} steady-state batches after {section['warmup_batches']}, "
         f"{section['repetitions']} repetitions interleaved; median [min-max]",
-        f"  {'configuration':<30} {'step ms':>22} {'ratio to bare':>24}",
+        f"  {'configuration':<30} {'step ms':>22} {'ratio to bare':>24}   {'quickest 10 ms':>14}",
     ]
     for name, row in section["configurations"].items():
         step, ratio = row["step_ms"], row["ratio_to_bare"]
         lines.append(
             f"  {name:<30} {step['median']:>8.3f} [{step['min']:.3f}-{step['max']:.3f}]"
             f" {ratio['median']:>8.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}] {(ratio['median'] - 1) * 100:+6.1f}%"
+            f" {row['best_step_ms']['median']:>10.3f}"
+        )
+    outside = section.get("outside_windows")
+    if outside:
+        ratio = outside["ratio_to_always_on"]
+        lines.append(
+            f"  detailed preset outside its window vs always-on (median batch): {ratio['median']:.3f} "
+            f"[{ratio['min']:.3f}-{ratio['max']:.3f}]; bare vs bare strayed up to {outside['noise'] * 100:.1f}%"
         )
     lines += [f"  note: {note}" for note in section.get("notes", [])]
     return lines
+
+
+def render_cost(section: dict[str, Any] | None) -> list[str]:
+    if not section or "overhead_pct" not in section:
+        return note_lines("Always-on cost per step", section)
+    parts = (
+        ("training thread (hooks through Lightning's dispatcher, best block)", section["training_thread_us"]),
+        ("our background threads (CPU, counted as if it stalled training)", section["background_threads_cpu_us"]),
+        ("bare step (median of each bare fit's quickest 10 batches)", section["bare_step_us"]),
+    )
+    return [
+        "",
+        "Always-on cost per step, from parts that a busy machine cannot inflate (see docs/benchmarks.md)",
+        *(f"  {what:<68} {us:8.1f} us" for what, us in parts),
+        f"  = {section['overhead_pct']:.2f}% of a bare step; the MLflow sender process used "
+        f"{section['sender_process_cpu_us']:.1f} us CPU per batch on another core (not counted)",
+    ]
 
 
 def render_throughput(section: dict[str, Any] | None) -> list[str]:

@@ -31,6 +31,9 @@ from slow_proxy import DelayingProxy, MlflowServer
 
 # ---------------------------------------------------------------- step-time overhead and throughput accuracy
 
+ALWAYS_ON = "ours: always-on"
+DETAILED = "ours: detailed preset"
+
 
 def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[dict[str, Any], list[FitResult]]:
     """Step time of every configuration as a ratio to `bare` of the same repetition, configurations interleaved.
@@ -58,7 +61,16 @@ def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[di
     for name in names:
         steps = [fit.step_ms for fit in fits[name]]
         ratios = [step / reference for step, reference in zip(steps, bare, strict=True)]
-        table[name] = {"step_ms": spread(steps), "ratio_to_bare": spread(ratios), "per_repetition_ms": steps}
+        table[name] = {
+            "step_ms": spread(steps),
+            "ratio_to_bare": spread(ratios),
+            "per_repetition_ms": steps,
+            "best_step_ms": spread([fit.extras["best_step_ms"] for fit in fits[name]]),
+            "our_threads_cpu_us_per_batch": statistics.median(_our_threads_cpu_us(fit) for fit in fits[name]),
+            "child_process_cpu_us_per_batch": statistics.median(
+                fit.extras["child_process_cpu_us_per_batch"] for fit in fits[name]
+            ),
+        }
     result = {
         "repetitions": repetitions,
         "warmup_batches": bench.warmup,
@@ -66,7 +78,67 @@ def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[di
         "configurations": table,
         "notes": notes,
     }
+    if DETAILED in fits and ALWAYS_ON in fits and "bare (control)" in fits:
+        result["outside_windows"] = _outside_windows(bench, fits)
     return result, [fit for name in names for fit in fits[name]]
+
+
+def _outside_windows(bench: Bench, fits: dict[str, list[FitResult]]) -> dict[str, Any]:
+    """The detailed preset's batches outside its profiling window against the always-on set's, per repetition.
+
+    Median batch times (robust to stray slow batches), as a ratio; the noise is how far the same ratio of
+    the bare control to bare strayed from 1 in the same repetitions.
+    """
+    window = bench.window
+
+    def median_outside(fit: FitResult) -> float:
+        steps = fit.step_times_ms  # steps[i] is batch bench.warmup + i (0-based)
+        first, last = window.first_batch, window.last_batch + 1
+        return statistics.median(ms for i, ms in enumerate(steps) if not first <= bench.warmup + i <= last)
+
+    def ratios(name: str, reference: str) -> list[float]:
+        pairs = zip(fits[name], fits[reference], strict=True)
+        return [median_outside(fit) / median_outside(other) for fit, other in pairs]
+
+    control = ratios("bare (control)", "bare")
+    return {
+        "ratio_to_always_on": spread(ratios(DETAILED, ALWAYS_ON)),
+        "noise": max(abs(ratio - 1) for ratio in control),
+    }
+
+
+OUR_THREADS = ("anemoi-profiler-tracking", "SystemMetricsSampler")
+
+
+def _our_threads_cpu_us(fit: FitResult) -> float:
+    return sum(fit.extras["thread_cpu_us_per_batch"].get(name, 0.0) for name in OUR_THREADS)
+
+
+def always_on_cost(results: dict[str, Any]) -> dict[str, Any]:
+    """The always-on set's cost per step as a share of a bare step, from parts that machine noise cannot inflate.
+
+    Training thread: our callbacks called through Lightning's dispatcher in a tight loop, best block (sink
+    section, sqlite store; log intervals included). Background: CPU time of our threads per batch in the
+    always-on fits, counted as if it all stalled the training thread (an upper bound: on a free core it
+    does not). Bare step: median over the bare fits of their quickest 10-batch stretch. The MLflow sender
+    is a child process: its CPU is reported, not counted (it runs on another core; on a machine without
+    one spare core, it would be).
+    """
+    try:
+        hooks_us = results["sink_cost"]["sqlite"]["hook_loop"]["best_us"]
+        table = results["overhead"]["configurations"]
+        bare_us = table["bare"]["best_step_ms"]["median"] * 1000
+        threads_us = table[ALWAYS_ON]["our_threads_cpu_us_per_batch"]
+        sender_us = table[ALWAYS_ON]["child_process_cpu_us_per_batch"]
+    except (KeyError, TypeError):
+        return {"note": "needs the overhead and sink sections with our configurations"}
+    return {
+        "training_thread_us": hooks_us,
+        "background_threads_cpu_us": threads_us,
+        "bare_step_us": bare_us,
+        "overhead_pct": (hooks_us + threads_us) / bare_us * 100,
+        "sender_process_cpu_us": sender_us,
+    }
 
 
 LONG_RUN = "sink: always-on, long"

@@ -314,24 +314,45 @@ def fast_config(tmp_path: Path, *overrides: str) -> ProfilerConfig:
 def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_path: Path) -> None:
     """After a rank fails no exchange is possible; rank 0's totals alone must not pass for the sum over ranks."""
     callback = StageCallback(fast_config(tmp_path))
-    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.5])  # batches, samples, items, wait_s, elapsed_s
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.5, 0.0])  # TOTAL_KEYS, then own work (s)
     meter = callback.meters["train"]
     meter.start()
     for interval in range(2):
         for _ in range(4):
             meter.count(0, 0, 0.0)
         trainer.global_step = 4 * (interval + 1)
-        callback._lap(trainer, "train")
+        callback.clock.lap(trainer, "train")
     for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
         meter.count(0, 0, 0.0)
     callback.session.mark_failed("FAILED")
-    callback._lap(trainer, "train", final=True)
+    callback.clock.lap(trainer, "train", final=True)
 
     totals = [dict(zip(TOTAL_KEYS, rank, strict=True)) for rank in callback.gathered_totals("train")]
 
     assert [rank["batches"] for rank in totals] == [8.0, 8.0]
     assert totals[1]["elapsed_s"] == pytest.approx(1.0)
     assert callback.totals["train"]["batches"] == 11  # this rank's own figures keep everything it measured
+
+
+def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: Path) -> None:
+    """Rank 1 exported a trace for 0.3 s inside the interval; rank 0 waited for it in the gradient all-reduce.
+    Both ranks' intervals lose those 0.3 s, so the global rate stays the sum of like-for-like rates."""
+    callback = StageCallback(fast_config(tmp_path))
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.9, 0.3])
+    meter = callback.meters["train"]
+    meter._segments = [(10.0, 10.9)]  # rank 0 measured 0.9 s, none of it its own work
+    for _ in range(4):
+        meter.count(0, 0, 0.0)
+    trainer.global_step = 4
+    reported: list[tuple[list[float], list[list[float]]]] = []
+    callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))
+    callback.clock.lap(trainer, "train")
+
+    ((lap_seconds, ranks),) = reported
+    assert lap_seconds == [pytest.approx(0.6)]
+    assert [rank[4] for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
+    assert callback.totals["train"]["elapsed_s"] == pytest.approx(0.6)
+    assert [rank[4] for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
 
 
 class FailingRankZeroMetrics(StageCallback):
@@ -342,7 +363,7 @@ class FailingRankZeroMetrics(StageCallback):
 def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) -> None:
     """Metrics are made on rank 0 only: failing there must leave it in step with the other ranks' exchanges."""
     callback = FailingRankZeroMetrics(fast_config(tmp_path, "log_every_n_steps=2"))
-    trainer, exchange = rank_0_of_two(callback, [2.0, 0.0, 0.0, 0.0, 0.1])
+    trainer, exchange = rank_0_of_two(callback, [2.0, 0.0, 0.0, 0.0, 0.1, 0.0])
     callback.on_train_start(trainer, None)
     for index in range(6):
         callback.on_train_batch_start(trainer, None, None, index)

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import trainer_info
 from .config import ProfilerConfig
@@ -24,6 +24,9 @@ from .overhead import OverheadClock
 from .redaction import redact, redact_uri
 from .report import ReportSection, RunReport
 from .tracking import TrackingSink, resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from .callbacks.stage_clock import StageClock
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class ProfilerSession:
         self._status = "FINISHED"
         self.exchange = RankExchange()  # local until the session starts on every rank
         self.overhead = OverheadClock()
+        self.stage_clock: StageClock | None = None  # made by the first interval-metrics callback
 
     @property
     def failed(self) -> bool:
@@ -128,6 +132,7 @@ class ProfilerSession:
         self.exchange = RankExchange(self.config.distributed.timeout_s)
         self._started = time.time()
         self._status = "FINISHED"
+        self.stage_clock = None
         self._summary_metrics = {}
         self.history = MetricHistory()
         self.run_dir = None

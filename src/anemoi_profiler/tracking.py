@@ -1,9 +1,11 @@
 """The tracking sink: the single place that talks to MLflow.
 
 The training thread only puts records on a queue. A background thread writes each batch of records to the
-spool folder first (write-ahead), then sends it and deletes the file. So a slow or dead server never
-blocks training, and nothing is lost: what could not be sent stays in `<run folder>/spool/` and is sent
-when the server answers again, at the end of the run, or by `anemoi-profiler sync <run folder>`.
+spool folder first (write-ahead); a child process (`tracking_sender`) sends the spool and deletes the
+files, so that MLflow's Python never competes with the training loop for the interpreter lock. A slow
+or dead server never blocks training, and nothing is lost: what could not be sent stays in
+`<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
+`anemoi-profiler sync <run folder>`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def artifact_location_for(tracking_uri: str) -> str | None:
 def resolve_tracking_uri(configured: str | None, logger_uri: str | None, output_dir: str | Path) -> str:
     """Configured URI, else the MLFlowLogger's, else $MLFLOW_TRACKING_URI, else the embedded sqlite store."""
     return configured or logger_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_dir)
+
+
+class SenderError(RuntimeError):
+    """What the sender process reported ("<error type>: <first line>"), or that it died."""
 
 
 @dataclass
@@ -194,6 +200,15 @@ class MlflowTarget:
             raise
 
 
+def _kind_and_reason(error: BaseException) -> tuple[str, str]:
+    """The error's type and first line, redacted; for the sender's errors, the type it reported."""
+    text = redact_text(str(error).splitlines()[0])[:200] if str(error) else ""
+    kind, separator, reason = text.partition(": ")
+    if isinstance(error, SenderError) and separator:
+        return kind, reason
+    return type(error).__name__, text
+
+
 def _without_redacted_credentials(uri: str) -> str:
     """The URI recorded in run.json, minus the `***@` left of its credentials: MLflow then takes them from
     MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or give `sync --tracking-uri`)."""
@@ -288,7 +303,9 @@ class TrackingSink:
             },
         )
         self.tracking_uri = tracking_uri
-        self._target = MlflowTarget(spool_dir, tracking_uri)
+        from .tracking_sender import SenderProcess  # it imports this module
+
+        self._target = SenderProcess(spool_dir, tracking_uri)
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -359,11 +376,14 @@ class TrackingSink:
         self._wake.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            # The server is too slow: stop waiting and put whatever came since into the spool.
+            # The server is too slow: stop the sender, which ends the thread's wait, and spool what came since.
+            self._target.stop()
+            self._thread.join(5.0)
             refused = self._spool_queued()
             self._dropped_metrics += len(refused.metrics) if refused is not None else 0
         else:
             self._dropped_metrics += len(self._unspooled.metrics)
+        self._target.stop()
         atexit.unregister(self._flush_at_exit)
         if self._dropped_metrics:
             log.warning(
@@ -456,7 +476,7 @@ class TrackingSink:
                     if create_run_only:
                         self._target.ensure_run()
                     else:
-                        replay_spool(self.spool_dir, target=self._target)
+                        self._target.replay()
                         if not self._unspooled.empty():
                             self._target.send(self._unspooled)  # newer than the spool files: after them
                     self._mark_online()
@@ -494,8 +514,6 @@ class TrackingSink:
             return
         try:
             self._write_batch((self._unspooled, []))
-            if self._target.info_unsaved:
-                self._target.save_info()
         except OSError as error:
             self._spool_error = f"{type(error).__name__}: {error}"
             if not self._spool_warned:
@@ -531,8 +549,7 @@ class TrackingSink:
                 "anemoi-profiler: MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
                 "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
                 redact_uri(self.tracking_uri),
-                type(error).__name__,
-                redact_text(str(error).splitlines()[0])[:200] if str(error) else "",
+                *_kind_and_reason(error),
                 self.spool_dir,
                 self.retry_interval_s,
                 self.spool_dir.parents[1],
@@ -544,3 +561,4 @@ class TrackingSink:
             self._stopping.set()
             self._wake.set()
             self._thread.join(10.0)
+            self._target.stop()

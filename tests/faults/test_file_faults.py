@@ -30,7 +30,7 @@ from fault_helpers import (
 from anemoi_profiler import build_callbacks
 from anemoi_profiler.metric_history import read_history
 from anemoi_profiler.session import run_folders
-from anemoi_profiler.tracking import TrackingSink
+from anemoi_profiler.tracking import RUN_FILE, Batch, MlflowTarget, TrackingSink
 
 pytestmark = pytest.mark.faults
 
@@ -170,11 +170,15 @@ def test_two_jobs_creating_the_same_experiment_at_once_both_get_their_run(
         return found
 
     monkeypatch.setattr(MlflowClient, "get_experiment_by_name", look_up_then_lose_the_race)
+    # What the sink's sender process runs, run here in-process so that the race can be staged.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    run_file = {"tracking_uri": store, "experiment": "shared", "run_id": None, "run_name": "r", "tags": {}}
+    (spool / RUN_FILE).write_text(json.dumps(run_file))
+    target = MlflowTarget(spool, store)
     with caplog.at_level(logging.WARNING):
-        sink = TrackingSink(store, "shared", tmp_path / "spool", flush_interval_s=0.1)
-        sink.log_metrics({"loss": 1.0}, step=1)
-        assert sink.close("FINISHED", timeout_s=30)
-    assert raced and "not reachable" not in caplog.text
+        target.send(Batch(metrics=[["loss", 1.0, 0, 1]], terminate="FINISHED"))
+    assert raced and not caplog.text
     assert metric_steps(store, only_run(store, "shared").info.run_id, "loss") == [1]
 
 

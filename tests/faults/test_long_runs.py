@@ -57,7 +57,9 @@ def test_profiler_buffers_stay_bounded_over_100k_training_steps(
 
     def hooks(name: str, *args: Any) -> None:
         for callback in callbacks:
-            getattr(callback, name)(fit, model, *args)
+            hook = getattr(callback, name)
+            if callable(hook):  # as Lightning does: a callback takes the hooks it does not use off its instance
+                hook(fit, model, *args)
 
     def train(first: int, last: int) -> None:
         for index in range(first, last):

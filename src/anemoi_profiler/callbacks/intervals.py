@@ -35,11 +35,12 @@ class Lap:
     wait_s: float
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
-    # The profiler's own work (trace export, snapshot dump) inside the segments, taken out of the time.
+    # The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time.
     excluded_s: float = 0.0
 
-    def elapsed_s(self) -> float:
-        return sum(_elapsed_s(start, end) for start, end in self.segments) - self.excluded_s
+    def measured_s(self) -> float:
+        """Seconds in the segments, the profiler's own work included."""
+        return sum(_elapsed_s(start, end) for start, end in self.segments)
 
 
 class StageMeter:
@@ -116,12 +117,6 @@ class StageMeter:
             self._pending[len(self._pending) - keep :],
         )
         return ready
-
-
-def resolve(laps: list[Lap]) -> list[tuple[Lap, float]]:
-    """Pair each lap with its elapsed seconds, dropping laps that took no measurable time."""
-    timed = [(lap, lap.elapsed_s()) for lap in laps]
-    return [(lap, seconds) for lap, seconds in timed if seconds > 0]
 
 
 def batch_size_of(batch: Any) -> int | None:

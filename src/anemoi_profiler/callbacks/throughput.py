@@ -17,7 +17,6 @@ from .. import trainer_info
 from ..config import ConfigError
 from ..flops import dense_peak_flops
 from ..report import ReportSection
-from .base import guarded
 from .intervals import Lap, batch_size_of
 from .stage_callback import STAGES, TOTAL_KEYS, StageCallback
 
@@ -95,24 +94,22 @@ class ThroughputCallback(StageCallback):
             log.warning("anemoi-profiler: %s", message)
 
     # ---- FLOPs of one real step, measured once during warmup ----
-    @guarded
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        if self.train_batches_seen == 0 and self._should_measure_flops():
-            from torch.utils.flop_counter import FlopCounterMode
+    def first_train_batch(self, batch: Any, ended: bool) -> None:
+        try:
+            if not ended and self._should_measure_flops():
+                from torch.utils.flop_counter import FlopCounterMode
 
-            self._flop_counter = FlopCounterMode(display=False)
-            self._flop_counter.__enter__()
-
-    @guarded
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._flop_counter is not None:
-            counter, self._flop_counter = self._flop_counter, None
-            counter.__exit__(None, None, None)
-            samples = self.count_batch("train", batch)[0]
-            if samples and counter.get_total_flops():
-                self.flops_per_sample = counter.get_total_flops() / samples
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+                self._flop_counter = FlopCounterMode(display=False)
+                self._flop_counter.__enter__()
+            elif ended and self._flop_counter is not None:
+                counter, self._flop_counter = self._flop_counter, None
+                counter.__exit__(None, None, None)
+                samples = self.count_batch("train", batch)[0]
+                if samples and counter.get_total_flops():
+                    self.flops_per_sample = counter.get_total_flops() / samples
+        except Exception as error:  # MFU is left out; the rates are still measured
+            self._flop_counter = None
+            self._warn_once("flops", f"could not count FLOPs ({type(error).__name__}: {error}); MFU not reported")
 
     def _should_measure_flops(self) -> bool:
         options = self.config.throughput

@@ -182,7 +182,7 @@ class TorchProfilerCallback(ProfilerCallback):
         if recorder is None:
             return
         finished = self._batches[stage] - 1
-        with self.session.overhead.measure():  # trace export and tables: not training time
+        with self.session.overhead.measure():  # closing a window, trace export: not training time
             self._windows.batch_ended(recorder, finished)
             if finished + 1 >= self._spans[stage][1]:
                 self._stop(stage)

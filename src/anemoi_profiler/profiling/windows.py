@@ -2,6 +2,10 @@
 
 Each window becomes a trace file, the operator rows of its `key_averages()`, and, on CUDA, per-step memory
 readings and (once) the memory timeline. The Lightning callback and component profiling both drive this.
+
+The operator rows are built when the reports ask for them, after training: `key_averages()` first turns
+every recorded event into a Python object, seconds of interpreter time for a large window, which would
+stall the training loop where the window closes. Until then a window keeps only torch's raw results.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from .recorder import WindowRecorder, effective_options, uses_cuda
 from .schedule import WindowSchedule
 from .traces import TRACES_DIR, TraceWriter, folder_size, rank_info
 
+MAX_UNPARSED_WINDOWS = 8
+"""Windows kept unparsed at most; beyond that (many repeats) the oldest is parsed when a new one closes."""
+
 
 class ProfilingWindows:
     """Opens a recorder per stage run and keeps what the finished windows of this rank produced."""
@@ -35,7 +42,8 @@ class ProfilingWindows:
         self.traces = TraceWriter(run_dir, rank, world_size, self.options) if self.options.traces else None
         self.step_memory = StepMemory(device) if uses_cuda(device) else None
         self.durations = DurationStats()
-        self.operator_tables: list[WindowOperators] = []
+        self._tables: list[WindowOperators] = []
+        self._unparsed: list[tuple[str, int, int, Any]] = []  # (stage, window, steps, torch's results)
         self.completed: Counter[str] = Counter()
         self.timeline_path = run_dir / "memory" / f"timeline_rank{rank}.html"
         self.timeline_seconds: float | None = None
@@ -74,10 +82,23 @@ class ProfilingWindows:
         if self.traces is not None:
             self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.options.time_report or self.options.memory_report:
-            self.operator_tables.append(WindowOperators(stage, window, steps, operator_stats(prof.key_averages())))
+            self._unparsed.append((stage, window, steps, prof.profiler))  # the next window gets a new one
+            if len(self._unparsed) > MAX_UNPARSED_WINDOWS:
+                self._parse_oldest()
         if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
             self._timeline_tried = True
             self.timeline_seconds = export_memory_timeline(prof, self.timeline_path, self.device)
+
+    @property
+    def operator_tables(self) -> list[WindowOperators]:
+        """The operator rows of every finished window (parsed now if not yet)."""
+        while self._unparsed:
+            self._parse_oldest()
+        return self._tables
+
+    def _parse_oldest(self) -> None:
+        stage, window, steps, results = self._unparsed.pop(0)
+        self._tables.append(WindowOperators(stage, window, steps, operator_stats(results.key_averages())))
 
     def trace_bytes(self) -> int:
         """Bytes of all trace files in the run folder (every rank's, on a shared file system)."""

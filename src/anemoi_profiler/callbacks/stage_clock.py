@@ -1,0 +1,210 @@
+"""One clock per session for the training and validation stages, shared by every interval-metrics callback.
+
+Throughput and step timing read the same intervals. Measuring them once per batch, and exchanging them
+across ranks once per log interval, keeps the per-batch cost of the profiler the same however many of
+them listen: the first listener to join drives the clock from its hooks, the others only receive laps.
+
+What a listener gets: per log interval, `Lap`s with batches, samples, items, dataloader wait and elapsed
+time, steady-state only (after `throughput.warmup_steps` training batches, never the sanity check), with
+validation time and the profiler's own work (trace export, snapshot dump) taken out of training
+intervals. The hot path per batch is two `perf_counter` calls, a few additions and a batch-size lookup;
+logging and the cross-rank exchange happen only at log intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import trainer_info
+from .intervals import Lap, StageMeter
+
+if TYPE_CHECKING:
+    from ..session import ProfilerSession
+
+STAGES = ("train", "val")
+# What each rank contributes per interval, in this order; listeners get the first five.
+TOTAL_KEYS = ("batches", "samples", "items", "wait_s", "elapsed_s")
+_EXCHANGED = len(TOTAL_KEYS) + 1  # ... and the profiler's own work inside elapsed_s
+
+
+class Listener(Protocol):
+    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]: ...
+
+    def lap_extras(self, stage: str) -> dict[str, float]: ...
+
+    def first_train_batch(self, batch: Any, ended: bool) -> None: ...
+
+    def report_laps(
+        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None
+    ) -> None: ...
+
+
+class StageClock:
+    def __init__(self, session: ProfilerSession, trainer: Any) -> None:
+        self.session = session
+        self.config = session.config
+        overhead = session.overhead
+        self._own_work: Callable[[], float] = lambda: overhead.total_s
+        device = trainer_info.root_device(trainer)
+        self.meters = {stage: StageMeter(device, self._own_work) for stage in STAGES}
+        self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
+        # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
+        self.exchanged: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
+        self.listeners: list[Listener] = []
+        self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
+        self._extras: list[Callable[[str], dict[str, float]]] = []
+        self.train_batches_seen = 0
+        self._last_batch_end: float | None = None
+        self._batch_start = 0.0
+        self._overhead_at_batch_end = 0.0
+
+    def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
+        """Add a listener; True when it is the first, which then drives the clock from its hooks."""
+        self.listeners.append(listener)
+        if counts:
+            self._counters.append(listener.count_batch)
+        if has_extras:
+            self._extras.append(listener.lap_extras)
+        return len(self.listeners) == 1
+
+    # ---- training ----
+    def train_start(self) -> None:
+        if self.config.throughput.warmup_steps == 0:
+            self.meters["train"].start()
+
+    def train_batch_start(self, batch: Any) -> None:
+        if self.train_batches_seen == 0:
+            for listener in self.listeners:
+                listener.first_train_batch(batch, ended=False)
+        self._batch_start = time.perf_counter()
+
+    def train_batch_end(self, trainer: Any, batch: Any) -> None:
+        self.train_batches_seen += 1
+        if self.train_batches_seen == 1:
+            for listener in self.listeners:
+                listener.first_train_batch(batch, ended=True)
+        meter = self.meters["train"]
+        if meter.running:
+            samples, items = self._count("train", batch)
+            meter.count(samples, items, self._wait_before_batch())
+            if meter.batches >= self.config.log_every_n_steps:
+                self.lap(trainer, "train")
+        elif self.train_batches_seen == self.config.throughput.warmup_steps:
+            meter.start()
+        self._last_batch_end = time.perf_counter()
+        self._overhead_at_batch_end = self._own_work()
+
+    def train_end(self, trainer: Any) -> None:
+        self.lap(trainer, "train", final=True)
+        self.meters["train"].stop()
+
+    # ---- validation (never the sanity check) ----
+    def validation_start(self, trainer: Any) -> None:
+        if not trainer.sanity_checking:
+            self.meters["train"].stop()
+        self._last_batch_end = None
+
+    def validation_batch_start(self, trainer: Any) -> None:
+        self._batch_start = time.perf_counter()
+        if not trainer.sanity_checking:
+            self.meters["val"].start()
+
+    def validation_batch_end(self, trainer: Any, batch: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        meter = self.meters["val"]
+        samples, items = self._count("val", batch)
+        meter.count(samples, items, self._wait_before_batch())
+        if meter.batches >= self.config.log_every_n_steps:
+            self.lap(trainer, "val")
+        self._last_batch_end = time.perf_counter()
+        self._overhead_at_batch_end = self._own_work()
+
+    def validation_end(self, trainer: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self.lap(trainer, "val", final=True)
+        self.meters["val"].stop()
+        if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
+            self.meters["train"].start()
+        self._last_batch_end = None
+
+    # ---- intervals ----
+    def _count(self, stage: str, batch: Any) -> tuple[int, int]:
+        samples = items = 0
+        for count in self._counters:
+            counted = count(stage, batch)
+            samples, items = max(samples, counted[0]), max(items, counted[1])
+        return samples, items
+
+    def _wait_before_batch(self) -> float:
+        """Host time between the previous batch's end and this batch's start, the profiler's own work taken
+        out: mostly waiting for data (other callbacks' end-of-batch work counts too)."""
+        if self._last_batch_end is None:
+            return 0.0
+        profiler_work = self._own_work() - self._overhead_at_batch_end
+        return max(0.0, self._batch_start - self._last_batch_end - profiler_work)
+
+    def lap(self, trainer: Any, stage: str, final: bool = False) -> None:
+        """Close the interval, exchange it across ranks and hand it to every listener."""
+        meter = self.meters[stage]
+        extras: dict[str, float] = {}
+        for lap_extras in self._extras:
+            extras.update(lap_extras(stage))
+        meter.lap(trainer_info.global_step(trainer), extras)
+        taken = [(lap, lap.measured_s()) for lap in meter.take(keep_newest=not final)]
+        local = [0.0] * _EXCHANGED
+        for lap, seconds in taken:
+            for index, value in enumerate((lap.batches, lap.samples, lap.items, lap.wait_s, seconds, lap.excluded_s)):
+                local[index] += value
+        # Every rank reaches this point at the same batch count, so the collective lines up.
+        ranks = None if self.session.failed else self.session.exchange.gather(local)
+        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time.
+        excluded = max(rank[-1] for rank in ranks) if ranks else local[-1]
+        laps = _without_own_work(taken, excluded)
+        for key, value in zip(TOTAL_KEYS, local, strict=False):
+            self.totals[stage][key] += value
+        self.totals[stage]["elapsed_s"] -= excluded
+        if ranks:
+            rows = [[*rank[:4], rank[4] - excluded] for rank in ranks]
+            sums = self.exchanged[stage] or [[0.0] * len(TOTAL_KEYS) for _ in rows]
+            for rank_sums, rank_values in zip(sums, rows, strict=True):
+                for index, value in enumerate(rank_values):
+                    rank_sums[index] += value
+            self.exchanged[stage] = sums
+            ranks = rows
+        if laps:
+            for listener in self.listeners:
+                listener.report_laps(trainer, stage, laps, ranks)
+
+    def gathered_totals(self, stage: str) -> list[list[float]]:
+        """Every rank's totals for the stage at the end.
+
+        Once the ranks can no longer exchange (one failed), the totals of the intervals they all exchanged
+        before: this rank's own totals alone would pass for the sum over ranks.
+        """
+        local = [self.totals[stage][key] for key in TOTAL_KEYS]
+        if self.session.world_size == 1:
+            return [local]
+        ranks = None if self.session.failed else self.session.exchange.gather(local)
+        return ranks or self.exchanged[stage]
+
+
+def _without_own_work(taken: list[tuple[Lap, float]], excluded: float) -> list[tuple[Lap, float]]:
+    """Each lap's seconds less its share of `excluded`, dropping laps that took no measurable time.
+
+    With one rank `excluded` is the laps' own work, taken out lap by lap; what other ranks' work added
+    (all ranks wait for the slowest) is spread over the laps by their length.
+    """
+    own = sum(lap.excluded_s for lap, _ in taken)
+    measured = sum(seconds for _, seconds in taken)
+    waited = excluded - own
+    laps = []
+    for lap, seconds in taken:
+        share = waited * seconds / measured if measured > 0 else 0.0
+        remaining = seconds - lap.excluded_s - share
+        if remaining > 0:
+            laps.append((lap, remaining))
+    return laps

@@ -1,0 +1,172 @@
+"""The process that sends the spool to MLflow, so that MLflow's Python never runs in the training process.
+
+MLflow's client is pure Python: with a sqlite store, logging one metric point costs about 0.6 ms of CPU
+(SQLAlchemy), and importing MLflow several seconds. In a thread of the training process all of it holds
+the interpreter lock that the training loop needs between its operators. In this child process it
+costs the training nothing. The sink's thread asks it for one thing at a time (create the run, send the
+spool, send a batch) over its stdin and reads the answer, a JSON line, from a pipe of its own; MLflow's
+own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from .redaction import redact_text
+from .tracking import Batch, MlflowTarget, SenderError, replay_spool
+
+log = logging.getLogger(__name__)
+
+
+class SenderProcess:
+    """The training process's handle on the sender: started on first use, restarted if it died."""
+
+    def __init__(self, spool_dir: Path, tracking_uri: str) -> None:
+        self.spool_dir = spool_dir
+        self.tracking_uri = tracking_uri
+        self.run_id: str | None = json.loads((spool_dir / "run.json").read_text()).get("run_id")
+        self._process: subprocess.Popen[str] | None = None
+        self._replies: IO[str] | None = None
+        self._lock = threading.Lock()
+
+    def ensure_run(self) -> str | None:
+        _succeeded(self._ask({"op": "ensure_run"}))
+        return self.run_id
+
+    def replay(self) -> None:
+        """Send every spooled batch (see `tracking.replay_spool`)."""
+        _succeeded(self._ask({"op": "replay"}))
+
+    def send(self, batch: Batch) -> None:
+        """Send `batch`, removing from it what MLflow has taken (also when it fails part-way)."""
+        reply = self._ask({"op": "send", "batch": batch.__dict__})
+        remaining = Batch(**reply["batch"])
+        batch.metrics, batch.params, batch.tags = remaining.metrics, remaining.params, remaining.tags
+        batch.artifacts, batch.terminate = remaining.artifacts, remaining.terminate
+        _succeeded(reply)
+
+    def stop(self) -> None:
+        """Kill the process (it may be stuck on a server that does not answer) and close the pipes."""
+        process, replies = self._process, self._replies
+        self._process = self._replies = None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for stream in (process.stdin, replies):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            process, replies = self._started()
+            try:
+                assert process.stdin is not None
+                process.stdin.write(json.dumps(request) + "\n")
+                process.stdin.flush()
+                line = replies.readline()
+            except (OSError, ValueError) as error:
+                line = ""
+                died = f"{type(error).__name__}: {error}"
+            else:
+                died = f"it exited with code {process.poll()}" if not line else ""
+            if not line:
+                self.stop()
+                raise SenderError(f"the MLflow sender process stopped ({died})")
+        reply = json.loads(line)
+        self.run_id = reply.get("run_id") or self.run_id
+        for message in reply.get("warnings", []):
+            log.warning("anemoi-profiler: %s", message)
+        return reply
+
+    def _started(self) -> tuple[subprocess.Popen[str], IO[str]]:
+        if self._process is not None and self._replies is not None and self._process.poll() is None:
+            return self._process, self._replies
+        self.stop()
+        read_end, write_end = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(write_end)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                text=True,
+                pass_fds=(write_end,),
+                start_new_session=True,  # a Ctrl-C in the terminal is the training's to handle, not the sender's
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        assert process.stdin is not None
+        # The URI may hold credentials: it goes through the pipe, never on the command line.
+        process.stdin.write(json.dumps({"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri}) + "\n")
+        process.stdin.flush()
+        self._process, self._replies = process, os.fdopen(read_end, "r")
+        return process, self._replies
+
+
+def _succeeded(reply: dict[str, Any]) -> None:
+    if not reply["ok"]:
+        raise SenderError(reply["error"])
+
+
+class _Warnings(logging.Handler):
+    """Collects the sender's warnings, which go back with the reply and are logged by the training process."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(redact_text(record.getMessage().removeprefix("anemoi-profiler: ")))
+
+    def take(self) -> list[str]:
+        messages, self.messages = self.messages, []
+        return messages
+
+
+def serve(replies_fd: int) -> None:
+    """The child's loop: one request per stdin line, one JSON reply per line on `replies_fd`."""
+    replies = os.fdopen(replies_fd, "w")
+    warnings = _Warnings()
+    package_log = logging.getLogger("anemoi_profiler")
+    package_log.addHandler(warnings)
+    package_log.propagate = False
+    setup = json.loads(sys.stdin.readline())
+    target = MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"])
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply: dict[str, Any] = {"ok": True}
+        batch = Batch(**request["batch"]) if request["op"] == "send" else None
+        try:
+            if target.info_unsaved:
+                target.save_info()
+            if request["op"] == "ensure_run":
+                target.ensure_run()
+            elif request["op"] == "replay":
+                replay_spool(target.spool_dir, target=target)
+            elif batch is not None:
+                target.send(batch)
+        except Exception as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            reply = {"ok": False, "error": redact_text(f"{type(error).__name__}: {first_line}")}
+        if batch is not None:
+            reply["batch"] = batch.__dict__
+        reply.update(run_id=target.run_id, warnings=warnings.take())
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
