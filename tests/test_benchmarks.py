@@ -79,8 +79,16 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert results["report_cost"]["build_reports_s"] is not None
     assert results["hta_scaling"].get("runs") or results["hta_scaling"]["note"].startswith("skipped")
     assert results["detailed_preset"]["files"]["memory_report"] != "MISSING"
-    assert {target["status"] for target in results["targets"]} <= {"PASS", "FAIL", "SKIP", "NOISY"}
-    assert len(results["targets"]) >= 5
+    cost = results["always_on_cost"]
+    assert cost["training_thread_us"] > 0 and cost["bare_step_us"] > 0, cost
+    assert cost["overhead_pct"] == pytest.approx(
+        (cost["training_thread_us"] + cost["background_threads_cpu_us"]) / cost["bare_step_us"] * 100
+    )
+    assert "ratio_to_always_on" in results["overhead"]["outside_windows"]
+    statuses = {target["target"]: target["status"] for target in results["targets"]}
+    assert set(statuses.values()) <= {"PASS", "FAIL", "SKIP", "NOISY"}
+    assert statuses["always_on_cost_pct"] != "SKIP" and statuses["outside_windows_excess_pp"] != "SKIP"
+    assert len(statuses) >= 8
 
 
 # ---- the slow server's proxy, without MLflow ----

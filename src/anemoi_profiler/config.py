@@ -46,7 +46,7 @@ class TrackingConfig:
     experiment: str = _opt("anemoi-profiler", "Experiment of the run the profiler opens when there is no MLFlowLogger.")
     run_name: str | None = _opt(None, "Name of that run; null: the run folder's name.")
     flush_interval_s: float = _opt(
-        5.0, "Seconds between sends from the background thread; the training thread never waits for them."
+        5.0, "Seconds between sends to MLflow (from a child process); the training thread never waits for them."
     )
     retry_interval_s: float = _opt(30.0, "Seconds between retries while MLflow does not answer.")
     close_timeout_s: float = _opt(
