@@ -80,7 +80,7 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert results["hta_scaling"].get("runs") or results["hta_scaling"]["note"].startswith("skipped")
     assert results["detailed_preset"]["files"]["memory_report"] != "MISSING"
     cost = results["always_on_cost"]
-    assert cost["training_thread_us"] > 0 and cost["bare_step_us"] > 0, cost
+    assert cost["bare_step_us"] > 0, cost
     assert cost["overhead_pct"] == pytest.approx(
         (cost["training_thread_us"] + cost["background_threads_cpu_us"]) / cost["bare_step_us"] * 100
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,9 @@ class RunReport:
         from rich.table import Table
 
         console = Console(soft_wrap=True)
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # A log file has no width to fit: rich's default of 80 columns would fold the diagnosis lines.
+            console = Console(soft_wrap=True, width=LOG_WIDTH)
         console.rule("anemoi-profiler report")
         for key, value in self.header.items():
             console.print(f"[bold]{key}[/bold]: {value}", highlight=False)
@@ -94,6 +98,9 @@ class RunReport:
             if section.note:
                 console.print(section.note, highlight=False)
             console.print(table)
+
+
+LOG_WIDTH = 160
 
 
 def plain_table(columns: list[str], rows: list[list[Any]]) -> list[str]:
