@@ -228,9 +228,9 @@ def fit_once(
             "end_of_fit_s": fit_ended - clock.batch_ends[-1],
             "best_step_ms": clock.best_step_ms(),
             "thread_cpu_us_per_batch": {
-                name: seconds * 1e6 / bench.total for name, seconds in clock.background_cpu_s.items()
+                name: seconds * 1e6 / clock.measured_batches for name, seconds in clock.background_cpu_s.items()
             },
-            "child_process_cpu_us_per_batch": children_cpu_s * 1e6 / bench.total,
+            "child_process_cpu_s": children_cpu_s,
         },
     )
     if timer and cprofile_hooks:

@@ -41,15 +41,21 @@ class StepClock(Callback):
         self.total = total
         self.sync_cuda = sync_cuda
         self.batch_ends: list[float] = []
-        self.background_cpu_s: dict[str, float] = {}
+        self.background_cpu_s: dict[str, float] = {}  # per thread, over the measured batches
+        self._threads_at_warmup: dict[str, float] = {}
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = len(self.batch_ends) + 1
         if self.sync_cuda and done in (self.warmup, self.total):
             torch.cuda.synchronize()
         self.batch_ends.append(time.perf_counter())
-        if done == self.total:  # the callbacks' threads end with the fit
-            self.background_cpu_s = background_thread_cpu_s()
+        if done == self.warmup:
+            self._threads_at_warmup = background_thread_cpu_s()
+        elif done == self.total:  # the steady state's share; the callbacks' threads end with the fit
+            at_warmup = self._threads_at_warmup
+            self.background_cpu_s = {
+                name: seconds - at_warmup.get(name, 0.0) for name, seconds in background_thread_cpu_s().items()
+            }
 
     @property
     def measured_batches(self) -> int:
@@ -160,14 +166,18 @@ class HookTimer:
 
 
 class HookLoop(Callback):
-    """After batch `after_batch`, replays one batch's hook calls in a tight loop, through Lightning's dispatcher.
+    """Replays one batch's hook calls in tight loops through Lightning's dispatcher, between bare batches.
 
     What our callbacks add to every step on the training thread, Lightning's own work to call them
-    included: blocks of `per_block` simulated batches (log intervals included, so their work is spread over
-    the batches as in training) with only our callbacks in `trainer.callbacks`, each followed by the same
-    block with no callbacks at all; the cost is the best block of the first kind less the best of the
-    second. Preemption on a loaded machine inflates single blocks, not the best of them. Put it last; it
-    restores the callback list.
+    included, as a share of a bare step measured a moment before. From batch `after_batch` on, our
+    callbacks leave `trainer.callbacks` (they are set up and have started); then, `blocks` times: `between`
+    real training batches are timed (a bare step, but for our background threads), and a probe runs: a
+    block of `per_block` simulated batches (log intervals included, so their work is spread over the
+    batches as in training), each batch's hook calls made once with only our callbacks in the list and
+    once with none, alternately. The probe's cost is the difference of the two sums; its share is that
+    over the bare step just before, so a machine whose speed drifts (up to 2x over seconds on a shared VM)
+    scales both alike. After the last probe our callbacks
+    come back, for the fit's end. Put it last. The fit needs `after_batch + blocks * between` batches.
     """
 
     SEQUENCE = (
@@ -179,19 +189,40 @@ class HookLoop(Callback):
         "on_train_batch_end",
     )
 
-    def __init__(self, callbacks: Sequence[Any], after_batch: int, blocks: int, per_block: int) -> None:
+    def __init__(self, callbacks: Sequence[Any], after_batch: int, blocks: int, per_block: int, between: int) -> None:
         self.callbacks = list(callbacks)
         self.after_batch = after_batch
         self.blocks = blocks
         self.per_block = per_block
+        self.between = between
         self.batches = 0
         self.ours_us: list[float] = []
         self.empty_us: list[float] = []
+        self.bare_step_us: list[float] = []
+        self._saved: list[Any] = []
+        self._since = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.after_batch + self.blocks * self.between
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.batches += 1
-        if self.batches != self.after_batch:
+        done = self.batches - self.after_batch
+        if done < 0 or done % self.between or len(self.ours_us) == self.blocks:
             return
+        if done == 0:
+            self._saved = list(trainer.callbacks)
+            trainer.callbacks[:] = [c for c in self._saved if not any(c is ours for ours in self.callbacks)]
+            self._since = time.perf_counter()
+            return
+        self.bare_step_us.append((time.perf_counter() - self._since) / self.between * 1e6)
+        self._probe(trainer, outputs, batch, batch_idx)
+        if len(self.ours_us) == self.blocks:
+            trainer.callbacks[:] = self._saved
+        self._since = time.perf_counter()
+
+    def _probe(self, trainer: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         optimizer = trainer.optimizers[0]
         arguments = {
@@ -203,35 +234,39 @@ class HookLoop(Callback):
             "on_train_batch_end": (outputs, batch, batch_idx),
         }
         calls = [(name, arguments[name]) for name in self.SEQUENCE]
-        saved = list(trainer.callbacks)
+        bare = list(trainer.callbacks)
+        totals = {"ours": 0.0, "empty": 0.0}
+        lists = {"ours": self.callbacks, "empty": []}
         try:
-            for _ in range(self.blocks):
-                trainer.callbacks[:] = self.callbacks
-                self.ours_us.append(self._time_block(trainer, calls))
-                trainer.callbacks[:] = []
-                self.empty_us.append(self._time_block(trainer, calls))
+            # Alternating batch by batch (tens of microseconds apart), and which goes first, the two sums see
+            # the same machine speed and the same order effects.
+            for index in range(self.per_block):
+                for kind in ("ours", "empty") if index % 2 == 0 else ("empty", "ours"):
+                    trainer.callbacks[:] = lists[kind]
+                    started = time.perf_counter()
+                    for name, args in calls:
+                        _call_callback_hooks(trainer, name, *args)
+                    totals[kind] += time.perf_counter() - started
         finally:
-            trainer.callbacks[:] = saved
-
-    def _time_block(self, trainer: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> float:
-        """Microseconds per simulated batch over one block."""
-        started = time.perf_counter()
-        for _ in range(self.per_block):
-            for name, arguments in calls:
-                _call_callback_hooks(trainer, name, *arguments)
-        return (time.perf_counter() - started) / self.per_block * 1e6
+            trainer.callbacks[:] = bare
+        ours, empty = totals["ours"], totals["empty"]
+        self.ours_us.append(ours / self.per_block * 1e6)
+        self.empty_us.append(empty / self.per_block * 1e6)
 
     def summary(self) -> dict[str, Any]:
-        """`best_us`: the best block with our callbacks less the best without; `median_us`: the median of
-        the differences between neighbouring blocks."""
+        """Per probe: cost (with our callbacks less without) and its share of the bare step before it."""
         if not self.ours_us:
             return {"blocks": 0}
+        costs = [ours - empty for ours, empty in zip(self.ours_us, self.empty_us, strict=True)]
+        shares = [cost / step * 100 for cost, step in zip(costs, self.bare_step_us, strict=True)]
         return {
-            "blocks": self.blocks,
+            "blocks": len(costs),
             "batches_per_block": self.per_block,
             "best_us": min(self.ours_us) - min(self.empty_us),
-            "median_us": statistics.median(o - e for o, e in zip(self.ours_us, self.empty_us, strict=True)),
+            "median_us": statistics.median(costs),
             "empty_dispatch_us": min(self.empty_us),
+            "bare_step_us": statistics.median(self.bare_step_us),
+            "share_of_bare_step_pct": statistics.median(shares),
         }
 
 

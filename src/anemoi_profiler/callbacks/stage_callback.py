@@ -39,10 +39,10 @@ class StageCallback(ProfilerCallback):
             has_extras=type(self).lap_extras is not StageCallback.lap_extras,
         )
         for hook in _DRIVING_HOOKS:
-            if self.drives:
-                self.__dict__.pop(hook, None)  # a callback reused in a later fit may drive this time
-            else:
+            if not self.drives:
                 setattr(self, hook, None)  # Lightning skips a hook that is not callable
+            elif hook in self.__dict__ and self.__dict__[hook] is None:
+                del self.__dict__[hook]  # a callback reused in a later fit may drive this time
 
     # ---- what subclasses provide ----
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
