@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from measure import HookTimer, StepClock
+from measure import HOOK_NAMES, HookTimer, StepClock
 from models import ModelSpec, make_loader, make_model, make_trainer, samples_in
 
 try:
@@ -202,8 +202,8 @@ def fit_once(
     timer = floor = None
     timed: list[Any] = []
     if time_hooks:
-        # The same timer on as many do-nothing callbacks: what timing a hook call costs by itself.
-        no_ops = [Callback() for _ in setup.ours]
+        # The same timer on do-nothing callbacks with the same hooks: what timing a hook call costs by itself.
+        no_ops = [_do_nothing_like(callback) for callback in setup.ours]
         timer, floor = HookTimer(setup.ours, cprofile=cprofile_hooks), HookTimer(no_ops)
         timed = [timer.boundary, floor.boundary, *no_ops]
     callbacks = [*timed, *setup.callbacks, clock]
@@ -238,6 +238,15 @@ def fit_once(
     del trainer, model, loader
     release_memory(bench.device)
     return result
+
+
+def _do_nothing_like(callback: Any) -> Callback:
+    """A callback with no work in its hooks and the same hooks left for Lightning to call as `callback`."""
+    empty = Callback()
+    for name in HOOK_NAMES:
+        if not callable(getattr(callback, name)):
+            setattr(empty, name, None)
+    return empty
 
 
 def hook_summary(timer: HookTimer, floor: HookTimer, warmup: int) -> dict[str, Any]:
