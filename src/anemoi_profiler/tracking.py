@@ -376,8 +376,8 @@ class TrackingSink:
         self._wake.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            # The server is too slow: stop the sender, which ends the thread's wait, and spool what came since.
-            self._target.stop()
+            # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
+            self._target.stop(grace_s=0.0)
             self._thread.join(5.0)
             refused = self._spool_queued()
             self._dropped_metrics += len(refused.metrics) if refused is not None else 0

@@ -53,19 +53,24 @@ class SenderProcess:
         batch.artifacts, batch.terminate = remaining.artifacts, remaining.terminate
         _succeeded(reply)
 
-    def stop(self) -> None:
-        """Kill the process (it may be stuck on a server that does not answer) and close the pipes."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """End the process: close its stdin, which ends it between requests, and kill it after `grace_s`
+        (it may be stuck on a server that does not answer)."""
         process, replies = self._process, self._replies
         self._process = self._replies = None
         if process is None:
             return
-        if process.poll() is None:
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
             process.kill()
-        process.wait()
-        for stream in (process.stdin, replies):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+            process.wait()
+        if replies is not None:
+            with contextlib.suppress(OSError):
+                replies.close()
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
