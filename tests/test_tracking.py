@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -156,3 +159,40 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         assert not pending_batches(folder / "spool" / "rank0")
     finally:
         server.stop()
+
+
+TRAIN_IN_A_FRESH_INTERPRETER = """
+import sys
+import threading
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from lightning_models import TinyRegressor, loaders, trainer
+
+config = ProfilerConfig.load("simple", [f"output_dir={sys.argv[1]}", "report.console=false", "log_every_n_steps=4",
+                                     "throughput.warmup_steps=0"])
+train, _ = loaders(n_train=160)
+trainer(build_callbacks(config), max_steps=10).fit(TinyRegressor(), train)
+print("mlflow imported:", "mlflow" in sys.modules)
+print("threads left:", [t.name for t in threading.enumerate() if t is not threading.main_thread()])
+"""
+
+
+@pytest.mark.slow
+def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
+    """MLflow's client is pure Python: in the training process it would hold the interpreter lock the training
+    loop needs. A fit with the embedded store must not even import it, and its metrics must still arrive."""
+    tests = Path(__file__).resolve().parent
+    completed = subprocess.run(
+        [sys.executable, "-c", TRAIN_IN_A_FRESH_INTERPRETER, str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "mlflow imported: False" in completed.stdout
+    assert "threads left: []" in completed.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "time/train/step_ms")] == [4, 8, 10]
