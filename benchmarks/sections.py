@@ -66,9 +66,6 @@ def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[di
             "ratio_to_bare": spread(ratios),
             "per_repetition_ms": steps,
             "best_step_ms": spread([fit.extras["best_step_ms"] for fit in fits[name]]),
-            "our_threads_cpu_share_pct": statistics.median(
-                _our_threads_cpu_us(fit) / (fit.step_ms * 1000) * 100 for fit in fits[name]
-            ),
             "child_process_cpu_s": statistics.median(fit.extras["child_process_cpu_s"] for fit in fits[name]),
         }
     result = {
