@@ -27,6 +27,9 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
     database = (tmp_path / "out" / "mlflow.db").resolve()
     assert f"mlflow ui --backend-store-uri sqlite:///{database}" in result.stdout
     assert "anemoi-profiler report" in result.stdout and "Throughput" in result.stdout
+    # Lightning's messages once each: a second handler on the root logger would print every one twice.
+    output = result.stdout + result.stderr
+    assert output.count("`Trainer.fit` stopped") == 1, output[-3000:]
     assert not (tmp_path / "mlruns").exists()  # nothing in the refused file store, nothing in the cwd
 
     client = MlflowClient(f"sqlite:///{database}")
@@ -63,3 +66,14 @@ def test_help_reads_well() -> None:
         assert command in result.stdout
     demo = subprocess.run([CLI, "demo", "--help"], capture_output=True, text=True, check=True)
     assert "--max-steps" in demo.stdout and "--preset" in demo.stdout and "key=value" in demo.stdout
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    result = subprocess.run(
+        [CLI, "demo", "--max-steps", "5", "--output-dir", str(blocked / "runs")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert f"config error: output_dir {blocked / 'runs'} cannot be created" in result.stderr
+    assert "Traceback" not in result.stderr

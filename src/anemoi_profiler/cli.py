@@ -15,10 +15,21 @@ from .report_command import add_report_arguments, run_report_cli
 from .run_data import MLFLOW_RUN_ID
 
 
+def _show_our_warnings() -> None:
+    """Our warnings on stderr, once. A handler on the root logger instead would print Lightning's messages
+    a second time beside its own handler (every INFO line of a demo fit, twice)."""
+    package = logging.getLogger("anemoi_profiler")
+    if not package.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    _show_our_warnings()
     try:
         return int(args.handler(args) or 0)
     except ConfigError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ except ImportError:  # pragma: no cover
     from pytorch_lightning.loggers import MLFlowLogger
 
 from .build import build_callbacks
-from .config import ProfilerConfig
+from .config import ConfigError, ProfilerConfig
 from .tracking import artifact_location_for, resolve_tracking_uri
 
 
@@ -79,6 +80,10 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
     val = DataLoader(SyntheticSequences(8 * batch_size), batch_size)
     logger: Any = False
     if config.tracking.enabled:
+        try:  # the demo's own MLFlowLogger would fail on it with a traceback from inside MLflow
+            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"output_dir {config.output_dir} cannot be created: {error.strerror or error}") from None
         tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
         logger = MLFlowLogger(
             experiment_name=config.tracking.experiment,
