@@ -22,8 +22,8 @@ def _show_our_warnings() -> None:
     if not package.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setLevel(logging.WARNING)  # on the handler: the logger's own level stays the caller's to set
         package.addHandler(handler)
-        package.setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
