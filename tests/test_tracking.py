@@ -190,6 +190,8 @@ def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
+    for sign_of_a_thread_dying_at_exit in ("Traceback", "Exception ignored", "terminate called"):
+        assert sign_of_a_thread_dying_at_exit not in completed.stderr, completed.stderr[-3000:]
     assert "mlflow imported: False" in completed.stdout
     assert "threads left: []" in completed.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")

@@ -3,6 +3,12 @@
 The profiler's collectives run on a separate gloo group of CPU tensors: they never touch the training's
 NCCL streams (so no device sync), and a rank that died makes the others give up after `timeout_s` with a
 warning instead of freezing inside profiler code for the default 30 minutes.
+
+The group is destroyed when the session ends (`close`). Left to the interpreter's exit, a gloo worker
+thread can still hold the tensors of the last all-gather when Python finalizes; freeing them then takes
+the GIL, Python ends that thread with `pthread_exit`, and the unwind through a C++ destructor calls
+`std::terminate`: "terminate called without an active exception", SIGABRT, a finished job marked failed.
+Destroying the group and dropping the last reference to it joins those threads while Python still runs.
 """
 
 from __future__ import annotations
@@ -23,19 +29,16 @@ class RankExchange:
         """With `timeout_s`, join the job's ranks (a collective: every rank must call it); without, stay local."""
         self.world_size = 1
         self.rank = 0
-        self._group: object | None = None
+        self._group: object | None = None  # None once an exchange failed or the exchange was closed
+        self._owned: object | None = None  # the group to destroy at `close`, whatever happened to the exchanges
         if timeout_s is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.world_size = dist.get_world_size()
             self.rank = dist.get_rank()
             # Every rank creates the group at setup, in the same order: new_group is itself collective.
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-
-    @property
-    def active(self) -> bool:
-        return self._group is not None
+            self._group = self._owned = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
     def gather(self, values: list[float]) -> list[list[float]] | None:
-        """Each rank's `values` (same length on every rank), or None once the exchange has failed."""
+        """Each rank's `values` (same length on every rank), or None once the exchange has failed or closed."""
         if self.world_size == 1:
             return [list(values)]
         if self._group is None:
@@ -55,3 +58,17 @@ class RankExchange:
             )
             return None
         return [tensor.tolist() for tensor in gathered]
+
+    def close(self) -> None:
+        """Destroy the group after the last exchange; its threads are joined here, not at interpreter exit.
+
+        Local to this rank (gloo's shutdown is no collective), so a rank may close while others still run.
+        """
+        # Ours are the last references: when `group` goes too, ProcessGroupGloo's destructor joins its threads.
+        group, self._group, self._owned = self._owned, None, None
+        if group is None:
+            return
+        try:
+            dist.destroy_process_group(group)
+        except Exception as error:  # the user destroyed every group already: nothing left to join
+            log.debug("anemoi-profiler: destroying the profiler's process group: %s", error)

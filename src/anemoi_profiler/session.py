@@ -235,10 +235,11 @@ class ProfilerSession:
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""
+        if self.run_dir is not None and not self.failed:
+            self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
+        self.exchange.close()  # the last collective is behind us: gloo's threads end now, not at exit
         if self.run_dir is None:
             return  # the profiler could not start on any rank: nothing to finish
-        if not self.failed:
-            self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
         steps = [
             # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
             (self.sink is not None, "spool the metrics", lambda: self.sink.spool_now()),

@@ -1,0 +1,34 @@
+"""One rank of a two-process gloo job that exchanges as a profiler session does, closes, and exits at once.
+
+Run by `test_distributed.py` as `python exchange_exit_job.py <rank> <port>`. Exits non-zero when the
+profiler's group leaves a thread behind; dies with SIGABRT when a gloo worker thread still holds the last
+all-gather's tensors as the interpreter finalizes (the failure `RankExchange.close` prevents).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch.distributed as dist
+
+from anemoi_profiler.distributed import RankExchange
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def main(rank: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    before = threads()
+    exchange = RankExchange(timeout_s=60)
+    for interval in range(5):
+        assert exchange.gather([float(rank), float(interval)]) == [[0.0, interval], [1.0, interval]]
+    exchange.close()
+    assert exchange.gather([0.0]) is None  # closed: no collective on a destroyed group
+    assert threads() == before, f"the profiler's group left {threads() - before} thread(s) running"
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
