@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.profiling.component import profile_component
+from anemoi_profiler.component import profile_component
 
 
 def layer_norm(width: int = 1024) -> torch.nn.Module:

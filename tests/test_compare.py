@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.compare import Difference, add_compare_arguments, compare_runs, format_text, run_compare_cli
-from anemoi_profiler.run_data import RunData, load_run
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.cli import compare as compare_command
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.compare import Difference, compare_runs, format_text
+from anemoi_profiler.reports.run_data import RunData, load_run
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 OVERRIDES = [
     "tracking.enabled=false",
@@ -44,7 +45,7 @@ def fast_and_slow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 def compare_args(*argv: str) -> Namespace:
     parser = ArgumentParser()
-    add_compare_arguments(parser)
+    compare_command.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -68,7 +69,7 @@ def test_cli_prints_the_comparison_and_writes_a_self_contained_page(
     fast_and_slow: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     page_path = tmp_path / "compare.html"
-    assert run_compare_cli(compare_args(*map(str, fast_and_slow), "--html", str(page_path))) == 0
+    assert compare_command.run(compare_args(*map(str, fast_and_slow), "--html", str(page_path))) == 0
     out = capsys.readouterr().out
     assert "A (baseline): " in out and "Top operators (training, self CPU ms per profiled step)" in out
     assert out.rstrip().endswith(f"written: {page_path}")
@@ -94,8 +95,8 @@ class RowClasses(HTMLParser):
 
 
 def test_errors_are_one_line(fast_and_slow: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert run_compare_cli(compare_args(str(fast_and_slow[0]), str(tmp_path))) == 1
-    assert run_compare_cli(compare_args(str(fast_and_slow[0]), "no-such-run")) == 1
+    assert compare_command.run(compare_args(str(fast_and_slow[0]), str(tmp_path))) == 1
+    assert compare_command.run(compare_args(str(fast_and_slow[0]), "no-such-run")) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"anemoi-profiler compare: {tmp_path} is not a run folder: none of report.json, metrics.json, "
         "environment.json in it",

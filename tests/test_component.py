@@ -11,7 +11,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ConfigError, ProfilerConfig
-from anemoi_profiler.profiling.component import add_component_arguments, profile_component, run_component_cli
+from anemoi_profiler.cli import component as component_command
+from anemoi_profiler.component import profile_component
 from anemoi_profiler.profiling.traces import read_trace
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -89,7 +90,7 @@ def test_compiled_layer_norm(tmp_path: Path) -> None:
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_component_arguments(parser)
+    component_command.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -104,7 +105,7 @@ def test_cli_with_the_example_yaml(tmp_path: Path) -> None:
         "report.console=false",
         *SHORT_WINDOWS,
     )
-    assert run_component_cli(args) == 0
+    assert component_command.run(args) == 0
     (run_dir,) = tmp_path.iterdir()
     header = json.loads((run_dir / "report.json").read_text())["header"]
     assert header["target"] == "LayerNorm"  # from the YAML: component_profiling.py:layer_norm next to it
@@ -128,7 +129,7 @@ def test_cli_target_and_mlflow_logging(tmp_path: Path, monkeypatch: pytest.Monke
         "report.console=false",
         *SHORT_WINDOWS,
     )
-    assert run_component_cli(args) == 0
+    assert component_command.run(args) == 0
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"
@@ -148,7 +149,7 @@ def test_bad_inputs_are_config_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="CUDA is not available"):
             profile_component(torch.nn.Identity(), device="cuda", config=config_for(tmp_path))
     with pytest.raises(ConfigError, match="give --target"):
-        run_component_cli(parse("--output-dir", str(tmp_path)))
+        component_command.run(parse("--output-dir", str(tmp_path)))
     for bad_shape in ("8,x", "8,,4", "0,4"):
         with pytest.raises(SystemExit):
             parse("--input-shape", bad_shape)

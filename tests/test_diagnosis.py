@@ -18,7 +18,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.diagnosis import (
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.diagnosis import (
     NotAssessed,
     Verdict,
     assess,
@@ -31,9 +32,8 @@ from anemoi_profiler.diagnosis import (
     memory_use,
     slow_rank,
 )
-from anemoi_profiler.run_data import RunData, load_run
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.reports.run_data import RunData, load_run
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 H200 = {"accelerator": "CUDAAccelerator", "devices": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 150_000}]}
 CPU = {"accelerator": "CPUAccelerator", "devices": []}

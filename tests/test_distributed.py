@@ -20,11 +20,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.callbacks.stage_callback import TOTAL_KEYS, StageCallback
-from anemoi_profiler.session import run_folders
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run.intervals import RankTotals
+from anemoi_profiler.run.stage_clock import StageClock
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
 JOB_TIMEOUT_S = 180
@@ -285,7 +288,7 @@ def test_fsdp_on_cpu(tmp_path: Path) -> None:
     assert_global_is_sum_of_two_ranks(only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics, "summary/")
 
 
-EXCHANGE_EXIT_JOB = Path(__file__).resolve().parent / "exchange_exit_job.py"
+EXCHANGE_EXIT_JOB = Path(__file__).resolve().parent / "helpers" / "exchange_exit_job.py"
 LOADED_RUNS = 5
 
 
@@ -312,7 +315,9 @@ def test_ranks_exit_0_right_after_the_last_exchange_on_loaded_cores(tmp_path: Pa
 
 
 class ScriptedExchange:
-    """Stands in for RankExchange: rank 1 reports `other_rank` for every interval."""
+    """Stands in for RankExchange: rank 1 reports `other_rank` (RankTotals' fields in order) for every interval."""
+
+    world_size = 2
 
     def __init__(self, other_rank: list[float]) -> None:
         self.other_rank = other_rank
@@ -325,11 +330,13 @@ class ScriptedExchange:
 
 def rank_0_of_two(callback: StageCallback, other_rank: list[float]) -> tuple[SimpleNamespace, ScriptedExchange]:
     """Start `callback` as rank 0 of a two-rank job whose exchange is scripted; returns a stand-in trainer."""
-    callback.session.world_size = 2
+    session, exchange = callback.session, ScriptedExchange(other_rank)
+    session.world_size = 2
+    session.stage_clock = StageClock(
+        session.config, torch.device("cpu"), exchange, session.own_work, lambda: not session.failed
+    )
     trainer = SimpleNamespace(global_step=0, strategy=SimpleNamespace())
     callback.on_session_start(trainer, None)
-    exchange = ScriptedExchange(other_rank)
-    callback.session.exchange = exchange
     return trainer, exchange
 
 
@@ -340,7 +347,7 @@ def fast_config(tmp_path: Path, *overrides: str) -> ProfilerConfig:
 def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_path: Path) -> None:
     """After a rank fails no exchange is possible; rank 0's totals alone must not pass for the sum over ranks."""
     callback = StageCallback(fast_config(tmp_path))
-    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.5, 0.0])  # TOTAL_KEYS, then own work (s)
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.5, 0.0])  # 4 batches in 0.5 s, no own work
     meter = callback.meters["train"]
     meter.start()
     for interval in range(2):
@@ -353,32 +360,32 @@ def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_p
     callback.session.mark_failed("FAILED")
     callback.clock.lap(trainer, "train", final=True)
 
-    totals = [dict(zip(TOTAL_KEYS, rank, strict=True)) for rank in callback.gathered_totals("train")]
+    totals = callback.gathered_totals("train")
 
-    assert [rank["batches"] for rank in totals] == [8.0, 8.0]
-    assert totals[1]["elapsed_s"] == pytest.approx(1.0)
-    assert callback.totals["train"]["batches"] == 11  # this rank's own figures keep everything it measured
+    assert [rank.batches for rank in totals] == [8.0, 8.0]
+    assert totals[1].elapsed_s == pytest.approx(1.0)
+    assert callback.totals["train"].batches == 11  # this rank's own figures keep everything it measured
 
 
 def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: Path) -> None:
     """Rank 1 exported a trace for 0.3 s inside the interval; rank 0 waited for it in the gradient all-reduce.
     Both ranks' intervals lose those 0.3 s, so the global rate stays the sum of like-for-like rates."""
     callback = StageCallback(fast_config(tmp_path))
-    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.9, 0.3])
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.9, 0.3])  # 0.3 s of the 0.9 s its own work
     meter = callback.meters["train"]
     meter._segments = [(10.0, 10.9)]  # rank 0 measured 0.9 s, none of it its own work
     for _ in range(4):
         meter.count(0, 0, 0.0)
     trainer.global_step = 4
-    reported: list[tuple[list[float], list[list[float]]]] = []
+    reported: list[tuple[list[float], list[RankTotals]]] = []
     callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))
     callback.clock.lap(trainer, "train")
 
     ((lap_seconds, ranks),) = reported
     assert lap_seconds == [pytest.approx(0.6)]
-    assert [rank[4] for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
-    assert callback.totals["train"]["elapsed_s"] == pytest.approx(0.6)
-    assert [rank[4] for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
+    assert [rank.elapsed_s for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
+    assert callback.totals["train"].elapsed_s == pytest.approx(0.6)
+    assert [rank.elapsed_s for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
 
 
 class FailingRankZeroMetrics(StageCallback):
@@ -397,4 +404,4 @@ def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) 
 
     assert exchange.calls == 3
     assert not callback.disabled and not callback.reporting
-    assert callback.totals["train"]["batches"] == 6
+    assert callback.totals["train"].batches == 6

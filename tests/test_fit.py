@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.layout import run_folders
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 ALWAYS_ON = [
     "throughput/train/samples_per_sec",

@@ -19,7 +19,6 @@ from anemoi_profiler.analysis import (
     check_window,
     find_window_dirs,
     format_summary,
-    run_analyze_cli,
 )
 from anemoi_profiler.analysis.hta_runner import HTA_INSTALL_HINT, NO_CUDA_SYNC, NO_GPU_KERNELS, NO_NCCL_KERNELS
 from anemoi_profiler.analysis.hta_worker import (
@@ -29,6 +28,7 @@ from anemoi_profiler.analysis.hta_worker import (
     misclassified_nccl_kernels,
     run_plan,
 )
+from anemoi_profiler.cli.analyze import run_analyze
 
 TIME_LIMIT_S = 240.0
 
@@ -112,7 +112,7 @@ def test_truncated_trace_is_named_in_the_error(traces: Path, tmp_path: Path, cap
     with pytest.raises(TraceError, match=str(truncated)):
         analyze_window(folder, tmp_path / "out")
 
-    assert run_analyze_cli(str(folder), str(tmp_path / "out"), TIME_LIMIT_S) == 1
+    assert run_analyze(str(folder), str(tmp_path / "out"), TIME_LIMIT_S) == 1
     message = capsys.readouterr().err
     assert str(truncated) in message
     assert len(message.strip().splitlines()) == 1
@@ -185,7 +185,7 @@ def test_analyze_run_folder_prefixes_metrics_per_window(
         {"rank34.pt.trace.json.gz": traces / "cpu_only" / "rank-34.pt.trace.json.gz"},
     )
 
-    assert run_analyze_cli(str(run), None, TIME_LIMIT_S) == 0
+    assert run_analyze(str(run), None, TIME_LIMIT_S) == 0
 
     printed = capsys.readouterr().out
     assert "train/window_0: ranks 0-1" in printed
@@ -213,11 +213,11 @@ def test_time_limit_stops_hta_and_says_so(traces: Path, tmp_path: Path) -> None:
 def test_cli_exit_codes_for_missing_folder_and_folder_without_traces(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert run_analyze_cli(str(tmp_path / "absent"), None, TIME_LIMIT_S) == 1
+    assert run_analyze(str(tmp_path / "absent"), None, TIME_LIMIT_S) == 1
     assert "no such folder" in capsys.readouterr().err
 
     (tmp_path / "empty").mkdir()
-    assert run_analyze_cli(str(tmp_path / "empty"), None, TIME_LIMIT_S) == 1
+    assert run_analyze(str(tmp_path / "empty"), None, TIME_LIMIT_S) == 1
     err = capsys.readouterr().err
     assert "no trace files" in err
     assert len(err.strip().splitlines()) == 1
@@ -226,8 +226,8 @@ def test_cli_exit_codes_for_missing_folder_and_folder_without_traces(
 def test_cli_without_hta_names_the_extra_and_package_imports_without_it(traces: Path, tmp_path: Path) -> None:
     script = (
         "import sys; sys.modules['hta'] = None\n"
-        "from anemoi_profiler.analysis import run_analyze_cli\n"
-        f"sys.exit(run_analyze_cli({str(traces / 'hta_sampled_2rank')!r}, {str(tmp_path)!r}, 60))\n"
+        "from anemoi_profiler.cli.analyze import run_analyze\n"
+        f"sys.exit(run_analyze({str(traces / 'hta_sampled_2rank')!r}, {str(tmp_path)!r}, 60))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
 
@@ -245,11 +245,11 @@ def test_cli_analyses_an_mlflow_run_by_id(
     run_id = client.create_run(experiment).info.run_id
     client.log_artifacts(run_id, str(traces / "cpu_only"), artifact_path="profiler/traces/train/window_0")
 
-    assert run_analyze_cli(run_id, str(tmp_path / "out"), TIME_LIMIT_S, tracking_uri=sqlite_uri) == 0
+    assert run_analyze(run_id, str(tmp_path / "out"), TIME_LIMIT_S, tracking_uri=sqlite_uri) == 0
     assert f"MLflow run {run_id}" in capsys.readouterr().out
     assert read_summary(tmp_path / "out" / "train" / "window_0")["ranks"] == [34]
 
-    assert run_analyze_cli("0" * 32, str(tmp_path / "none"), TIME_LIMIT_S, tracking_uri=sqlite_uri) == 1
+    assert run_analyze("0" * 32, str(tmp_path / "none"), TIME_LIMIT_S, tracking_uri=sqlite_uri) == 1
     err = capsys.readouterr().err
     assert "could not download profiler/traces of MLflow run" in err
     assert len(err.strip().splitlines()) == 1

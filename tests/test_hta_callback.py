@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.layout import run_folders
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
 def fit_with(tmp_path: Path, *overrides: str) -> Path:

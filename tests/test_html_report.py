@@ -17,12 +17,12 @@ from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.html_report import render_html, write_html_report
-from anemoi_profiler.plots import figures, write_plot_images
-from anemoi_profiler.report_command import add_report_arguments, run_report_cli
-from anemoi_profiler.run_data import RunData
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.cli import report as report_command
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.html import render_html, write_html_report
+from anemoi_profiler.reports.plots import figures, write_plot_images
+from anemoi_profiler.reports.run_data import RunData
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 PLANTED_OP = "<script>alert('op')</script>"
 PLANTED_MODEL = "<script>alert('model')</script>"
@@ -167,7 +167,7 @@ def test_figures_for_mlflow_and_plot_images(profiled_run: Path) -> None:
 
 def report_args(*argv: str) -> Namespace:
     parser = ArgumentParser()
-    add_report_arguments(parser)
+    report_command.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -175,7 +175,7 @@ def test_report_command_puts_a_fresh_diagnosis_first(profiled_run: Path, tmp_pat
     run_dir = Path(shutil.copytree(profiled_run, tmp_path / profiled_run.name))
     (run_dir / "report.html").unlink()
     for _ in range(2):  # a second run replaces the diagnosis, never adds another
-        assert run_report_cli(report_args(str(run_dir))) == 0
+        assert report_command.run(report_args(str(run_dir))) == 0
     sections = list(json.loads((run_dir / "report.json").read_text())["sections"])
     assert sections[0] == "Diagnosis" and sections.count("Diagnosis") == 1 and "Throughput" in sections
     text = (run_dir / "report.txt").read_text()
@@ -184,9 +184,9 @@ def test_report_command_puts_a_fresh_diagnosis_first(profiled_run: Path, tmp_pat
 
 
 def test_report_command_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_report_cli(report_args(str(tmp_path))) == 1
-    assert run_report_cli(report_args("0123abcd")) == 1  # no such folder, no tracking URI
-    assert run_report_cli(report_args("../no/such", "--tracking-uri", "sqlite:///x.db")) == 1  # never a path
+    assert report_command.run(report_args(str(tmp_path))) == 1
+    assert report_command.run(report_args("0123abcd")) == 1  # no such folder, no tracking URI
+    assert report_command.run(report_args("../no/such", "--tracking-uri", "sqlite:///x.db")) == 1  # never a path
     errors = capsys.readouterr().err.splitlines()
     assert errors == [
         f"anemoi-profiler report: {tmp_path} is not a run folder: none of report.json, metrics.json, "
@@ -203,14 +203,14 @@ def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Pa
     run_id = client.create_run(experiment).info.run_id
     client.log_artifacts(run_id, str(profiled_run), "profiler")  # as the session uploads it, traces included
     output = tmp_path / "downloaded"
-    assert run_report_cli(report_args(run_id, "--tracking-uri", sqlite_uri, "--output", str(output))) == 0
+    assert report_command.run(report_args(run_id, "--tracking-uri", sqlite_uri, "--output", str(output))) == 0
     downloaded = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
     assert downloaded == [
         "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
         "model_summary.txt", "report.html", "report.json", "report.txt", "time_report.json",
     ]  # fmt: skip
     assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()
-    assert run_report_cli(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1
+    assert report_command.run(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1
 
 
 def test_report_renders_in_headless_chromium(profiled_run: Path, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from anemoi_profiler.callbacks import memory_snapshot as memory_snapshot_module
 from anemoi_profiler.callbacks.memory_snapshot import MemorySnapshotCallback
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.memory_snapshot_reader import load_snapshot, summarize_snapshot
+from anemoi_profiler.measure.snapshot_reader import load_snapshot, summarize_snapshot
 
 REAL_RECORD_SIGNATURE = inspect.signature(torch.cuda.memory._record_memory_history)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

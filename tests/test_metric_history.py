@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anemoi_profiler.metric_history import MetricHistory, read_history
+from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.run.metric_history import MetricHistory
 
 
 def test_history_stays_bounded_over_100k_steps_and_keeps_the_ends(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from anemoi_profiler.profiling.op_tables import (
     top_by_memory,
     top_by_time,
 )
-from anemoi_profiler.profiling.reports import operator_sections, write_memory_report, write_time_report
+from anemoi_profiler.profiling.operator_reports import operator_sections, write_memory_report, write_time_report
 
 
 def event(key: str, **values: float) -> SimpleNamespace:

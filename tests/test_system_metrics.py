@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from anemoi_profiler.system_metrics import (
+from anemoi_profiler.measure.system_metrics import (
     GpuResource,
     SystemMetricsSampler,
     SystemResource,
@@ -162,7 +162,7 @@ def test_failing_publish_is_logged_once_and_sampling_goes_on(caplog: pytest.LogC
             raise ConnectionError("tracking server away")
         recorder(metrics, step)
 
-    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.system_metrics"):
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.measure.system_metrics"):
         sampler = SystemMetricsSampler(flaky_publish, step_fn=lambda: 0, interval_s=0.05)
         sampler.start()
         recorder.wait_for(2)
@@ -183,7 +183,7 @@ def test_failing_step_fn_is_logged_once_and_sampling_goes_on(caplog: pytest.LogC
             raise RuntimeError("trainer not attached yet")
         return step
 
-    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.system_metrics"):
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.measure.system_metrics"):
         sampler = SystemMetricsSampler(recorder, step_fn=step_fn, interval_s=0.05)
         sampler.start()
         recorder.wait_for(2)
@@ -195,7 +195,7 @@ def test_failing_step_fn_is_logged_once_and_sampling_goes_on(caplog: pytest.LogC
 
 def test_failing_resource_is_logged_once_and_others_continue(caplog: pytest.LogCaptureFixture) -> None:
     recorder = Recorder()
-    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.system_metrics"):
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.measure.system_metrics"):
         run_sampler(recorder, samples=3, extra_resources=[BrokenResource(), ConstantResource()])
 
     assert [record.getMessage() for record in caplog.records] == [
@@ -208,7 +208,7 @@ def test_failing_resource_is_logged_once_and_others_continue(caplog: pytest.LogC
 
 def test_missing_disk_path_loses_only_disk_metrics(caplog: pytest.LogCaptureFixture) -> None:
     recorder = Recorder()
-    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.system_metrics"):
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler.measure.system_metrics"):
         run_sampler(recorder, samples=2, disk_path="/no/such/folder")
 
     assert len(caplog.records) == 1
@@ -219,7 +219,7 @@ def test_missing_disk_path_loses_only_disk_metrics(caplog: pytest.LogCaptureFixt
 
 
 def test_gpu_metrics_appear_exactly_when_nvml_reads_gpus(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="anemoi_profiler.system_metrics"):
+    with caplog.at_level(logging.INFO, logger="anemoi_profiler.measure.system_metrics"):
         gpus = GpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"))
         recorder = Recorder()
         run_sampler(recorder, samples=1)

@@ -15,10 +15,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, ThroughputCallback, build_callbacks
-from anemoi_profiler.callbacks.intervals import batch_size_of
-from anemoi_profiler.flops import dense_peak_flops
-from anemoi_profiler.session import run_folders
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.measure.flops import dense_peak_flops
+from anemoi_profiler.run.intervals import batch_size_of
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
 class WallClock(pl.Callback):
@@ -114,8 +114,8 @@ def test_dict_batches_of_varying_size_and_a_length_fn(tmp_path: Path) -> None:
     callback = ThroughputCallback(config, length_fn=lambda batch: int(batch["lengths"].sum()))
     trainer([callback]).fit(DictModel(), dict_batches())
     totals = callback.totals["train"]
-    assert totals["samples"] == 44
-    assert totals["items"] == 440
+    assert totals.samples == 44
+    assert totals.items == 440
 
 
 def test_a_length_fn_that_raises_is_reported_once_and_training_goes_on(
@@ -134,7 +134,7 @@ def test_a_length_fn_that_raises_is_reported_once_and_training_goes_on(
         fit.fit(DictModel(), dict_batches())
     assert fit.global_step == 8
     assert sum("length_fn raised KeyError" in r.message for r in caplog.records) == 1
-    assert callback.totals["train"]["samples"] == 44 and callback.totals["train"]["items"] == 0
+    assert callback.totals["train"].samples == 44 and callback.totals["train"].items == 0
 
 
 def test_length_fn_from_config_must_import(tmp_path: Path) -> None:

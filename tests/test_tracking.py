@@ -15,11 +15,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.cli import main
-from anemoi_profiler.session import run_folders
-from anemoi_profiler.tracking import TrackingSink, pending_batches, resolve_tracking_uri
-from lightning_models import TinyRegressor, loaders, trainer
-from mlflow_server import MlflowServer, free_port
+from anemoi_profiler.cli.main import main
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.tracking import resolve_tracking_uri
+from anemoi_profiler.tracking.sink import TrackingSink
+from anemoi_profiler.tracking.spool import pending_batches
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
+from tests.helpers.mlflow_server import MlflowServer, free_port
 
 
 def test_sink_sends_batches_params_artifacts_and_ends_its_run(tmp_path: Path, sqlite_uri: str) -> None:
@@ -165,7 +167,7 @@ TRAIN_IN_A_FRESH_INTERPRETER = """
 import sys
 import threading
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from lightning_models import TinyRegressor, loaders, trainer
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 config = ProfilerConfig.load("simple", [f"output_dir={sys.argv[1]}", "report.console=false", "log_every_n_steps=4",
                                      "throughput.warmup_steps=0"])
@@ -180,11 +182,11 @@ print("threads left:", [t.name for t in threading.enumerate() if t is not thread
 def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
     """MLflow's client is pure Python: in the training process it would hold the interpreter lock the training
     loop needs. A fit with the embedded store must not even import it, and its metrics must still arrive."""
-    tests = Path(__file__).resolve().parent
+    repo = Path(__file__).resolve().parents[1]
     completed = subprocess.run(
         [sys.executable, "-c", TRAIN_IN_A_FRESH_INTERPRETER, str(tmp_path / "runs")],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])},
         capture_output=True,
         text=True,
         timeout=300,

@@ -17,7 +17,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 _EXPORTS = {
     "ConfigError": "config",
     "ProfilerConfig": "config",
-    "ProfilerSession": "session",
+    "ProfilerSession": "run.session",
     "build_callbacks": "build",
     "HtaCallback": "callbacks",
     "MemorySnapshotCallback": "callbacks",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "SystemMetricsCallback": "callbacks",
     "ThroughputCallback": "callbacks",
     "TorchProfilerCallback": "callbacks",
-    "profile_component": "profiling.component",
+    "profile_component": "component",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -16,7 +16,7 @@ from .callbacks import (
     TorchProfilerCallback,
 )
 from .config import ProfilerConfig
-from .session import ProfilerSession
+from .run.session import ProfilerSession
 
 
 def build_callbacks(

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover
 
 from .build import build_callbacks
 from .config import ConfigError, ProfilerConfig
-from .tracking import artifact_location_for, resolve_tracking_uri
+from .tracking.uris import artifact_location_for, resolve_tracking_uri
 
 
 class SyntheticSequences(Dataset):

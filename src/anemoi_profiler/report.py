@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .layout import REPORT_JSON, REPORT_TXT
+
+MB = 1e6
+"""Decimal megabytes, as MLflow's system metrics count them; every MB the profiler reports is one of these."""
+GB = 1e9
+
 
 @dataclass
 class ReportSection:
@@ -68,10 +74,10 @@ class RunReport:
     def write(self, folder: Path, txt: bool = True, as_json: bool = True) -> list[Path]:
         written = []
         if txt:
-            written.append(folder / "report.txt")
+            written.append(folder / REPORT_TXT)
             written[-1].write_text(self.to_text())
         if as_json:
-            written.append(folder / "report.json")
+            written.append(folder / REPORT_JSON)
             written[-1].write_text(json.dumps(self.to_json(), indent=2, default=str))
         return written
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_server import MlflowServer
+from tests.helpers.mlflow_server import MlflowServer
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.session import run_folders
-from anemoi_profiler.tracking import TrackingSink
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.tracking.sink import TrackingSink
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 QUICK = (
     "log_every_n_steps=2",

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anemoi_profiler.session
+import anemoi_profiler.layout
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from lightning_models import TinyRegressor, loaders, trainer
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
 class PinnedClock:
@@ -43,7 +43,7 @@ def main(output_dir: str, sync_dir: str, batches: str) -> None:
     while not go.exists():
         time.sleep(0.01)
     plan = json.loads(go.read_text())
-    anemoi_profiler.session.time = PinnedClock(plan["stamp"])  # type: ignore[assignment]
+    anemoi_profiler.layout.time = PinnedClock(plan["stamp"])  # type: ignore[assignment]
     time.sleep(max(0.0, plan["start_at"] - time.time()))
     train, _ = loaders(n_train=16 * int(batches))
     fit = trainer(callbacks)

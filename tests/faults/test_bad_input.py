@@ -18,17 +18,19 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from fault_helpers import quick_config
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import build_callbacks
-from anemoi_profiler.cli import main
-from anemoi_profiler.memory_snapshot_reader import load_snapshot, summarize_snapshot
-from anemoi_profiler.metric_history import read_history
-from anemoi_profiler.session import run_folders
-from anemoi_profiler.tracking import Batch, TrackingSink, pending_batches
-from lightning_models import loaders, trainer
-from mlflow_server import free_port
+from anemoi_profiler.cli.main import main
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.measure.snapshot_reader import load_snapshot, summarize_snapshot
+from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.tracking.records import Batch
+from anemoi_profiler.tracking.sink import TrackingSink
+from anemoi_profiler.tracking.spool import pending_batches, write_batch
+from tests.faults.fault_helpers import quick_config
+from tests.helpers.lightning_models import loaders, trainer
+from tests.helpers.mlflow_server import free_port
 
 pytestmark = pytest.mark.faults
 
@@ -110,7 +112,7 @@ def test_a_batch_size_fn_that_raises_falls_back_to_counting_tensors(
     def broken(batch: Any) -> int:
         raise TypeError("batch is not a dict")
 
-    from lightning_models import TinyRegressor
+    from tests.helpers.lightning_models import TinyRegressor
 
     config = quick_config(tmp_path / "runs", "tracking.enabled=false", "system.enabled=false")
     train, _ = loaders(n_train=16 * 10)
@@ -233,7 +235,7 @@ def test_sync_sends_what_it_can_and_keeps_a_damaged_spool_file(
     (damaged,) = pending_batches(spool)
     damaged.write_text(damaged.read_text()[:20])
     later = Batch(metrics=[["loss", 3.0, int(time.time() * 1000), 3]], terminate="FINISHED")
-    later.write(spool / "batch-99999999999999999999-000000.json")
+    write_batch(later, spool / "batch-99999999999999999999-000000.json")
     folder = tmp_path / "run"
 
     target = new_store(tmp_path / "later.db")

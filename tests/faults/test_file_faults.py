@@ -18,7 +18,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from fault_helpers import (
+
+from anemoi_profiler import build_callbacks
+from anemoi_profiler.layout import RUN_INFO_FILE as RUN_FILE
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.tracking.mlflow_target import MlflowTarget
+from anemoi_profiler.tracking.records import Batch
+from anemoi_profiler.tracking.sink import TrackingSink
+from tests.faults.fault_helpers import (
     assert_same_weights,
     metric_steps,
     only_run,
@@ -26,11 +34,6 @@ from fault_helpers import (
     read_only_folder,
     seeded_fit,
 )
-
-from anemoi_profiler import build_callbacks
-from anemoi_profiler.metric_history import read_history
-from anemoi_profiler.session import run_folders
-from anemoi_profiler.tracking import RUN_FILE, Batch, MlflowTarget, TrackingSink
 
 pytestmark = pytest.mark.faults
 
@@ -190,7 +193,7 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     output_dir, sync_dir = tmp_path / "runs", tmp_path / "sync"
     sync_dir.mkdir()
     store = new_store(output_dir / "mlflow.db")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     jobs = {
         batches: subprocess.Popen(
             [sys.executable, str(HERE / "start_together.py"), str(output_dir), str(sync_dir), str(batches)],

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from fault_helpers import metric_steps, only_run, quick_config
 
 from anemoi_profiler import build_callbacks
 from anemoi_profiler.callbacks.stage_callback import StageCallback
-from lightning_models import TinyRegressor, loaders, trainer
+from tests.faults.fault_helpers import metric_steps, only_run, quick_config
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_helpers import (
+
+from anemoi_profiler import build_callbacks
+from anemoi_profiler.cli.main import main
+from anemoi_profiler.tracking.spool import pending_batches
+from tests.faults.fault_helpers import (
     LogCallTimer,
     assert_same_weights,
     metric_steps,
@@ -23,12 +27,8 @@ from fault_helpers import (
     read_only_folder,
     seeded_fit,
 )
-from fault_servers import ErrorServer, SlowProxy
-
-from anemoi_profiler import build_callbacks
-from anemoi_profiler.cli import main
-from anemoi_profiler.tracking import pending_batches
-from mlflow_server import MlflowServer
+from tests.faults.fault_servers import ErrorServer, SlowProxy
+from tests.helpers.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.faults
 

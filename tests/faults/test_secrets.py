@@ -9,13 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_helpers import only_run, only_run_folder, quick_config, seeded_fit
-from fault_servers import ErrorServer
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import build_callbacks
-from anemoi_profiler.tracking import TrackingSink
-from mlflow_server import MlflowServer
+from anemoi_profiler.tracking.sink import TrackingSink
+from tests.faults.fault_helpers import only_run, only_run_folder, quick_config, seeded_fit
+from tests.faults.fault_servers import ErrorServer
+from tests.helpers.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.faults
 

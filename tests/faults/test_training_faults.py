@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 import torch
-from fault_helpers import metric_steps, only_run, only_run_folder, quick_config
-from fault_servers import ErrorServer, SlowProxy
 from mlflow.tracking import MlflowClient
 from torch.utils.data import DataLoader, Dataset
 
 from anemoi_profiler import build_callbacks
 from anemoi_profiler.analysis.preflight import check_window
-from anemoi_profiler.cli import main
-from anemoi_profiler.metric_history import read_history
-from anemoi_profiler.tracking import pending_batches
-from lightning_models import TinyRegressor, loaders, trainer
+from anemoi_profiler.cli.main import main
+from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.tracking.spool import pending_batches
+from tests.faults.fault_helpers import metric_steps, only_run, only_run_folder, quick_config
+from tests.faults.fault_servers import ErrorServer, SlowProxy
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 pytestmark = pytest.mark.faults
 
@@ -154,7 +154,7 @@ def test_sigterm_from_a_scheduler_flushes_marks_the_run_killed_and_keeps_the_exi
     tmp_path: Path, embedded_store: str
 ) -> None:
     """The same job with and without the profiler gets SIGTERM mid-fit; Lightning stops the fit gracefully."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     jobs = {}
     for name, flags in (("profiled", ["--profiled"]), ("plain", [])):
         ready, log = tmp_path / f"{name}.ready", (tmp_path / f"{name}.log").open("w")
@@ -196,7 +196,7 @@ def test_sigkill_after_the_grace_period_loses_nothing_that_was_measured(
 ) -> None:
     """SIGTERM, then SIGKILL while the profiler still waits on a tracking server that takes a minute per request
     (as when a scheduler's grace period is shorter than `tracking.close_timeout_s`): `sync` sends it all."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     ready, log = tmp_path / "job.ready", (tmp_path / "job.log").open("w")
     with ErrorServer(503) as nowhere, SlowProxy(nowhere.uri, delay_s=60.0) as slow:
         command = [

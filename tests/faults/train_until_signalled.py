@@ -14,7 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from lightning_models import TinyRegressor, loaders, trainer
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
 class TouchWhenRunning(pl.Callback):

@@ -1,20 +1,20 @@
 """Holistic Trace Analysis (HTA) over the profiler's trace folders, for the CLI, callbacks and notebooks.
 
-Importing this package does not import HTA: it is an optional dependency (`anemoi-profiler[hta]`) and
-runs in a child process.
+Importing this package imports neither HTA nor torch: HTA is an optional dependency (`anemoi-profiler[hta]`)
+and runs in a child process (`hta_worker`). `preflight` checks the files first, `hta_runner` runs the
+analyses the traces support within a time limit and writes `summary.json`.
 """
 
 from __future__ import annotations
 
-from anemoi_profiler.analysis.analyze_command import run_analyze_cli
-from anemoi_profiler.analysis.hta_runner import (
+from .hta_runner import (
     HtaNotInstalledError,
     analyze,
     analyze_window,
     format_summary,
     plan_analyses,
 )
-from anemoi_profiler.analysis.preflight import (
+from .preflight import (
     NoTracesError,
     TraceError,
     WindowCheck,
@@ -33,5 +33,4 @@ __all__ = [
     "find_window_dirs",
     "format_summary",
     "plan_analyses",
-    "run_analyze_cli",
 ]

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from anemoi_profiler.analysis import hta_worker
-from anemoi_profiler.analysis.hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
-from anemoi_profiler.analysis.preflight import (
+from ..layout import HTA_SUMMARY_FILE
+from . import hta_worker
+from .hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
+from .preflight import (
     NoTracesError,
     WindowCheck,
     check_window,
@@ -36,7 +37,6 @@ from anemoi_profiler.analysis.preflight import (
 
 HTA_INSTALL_HINT = 'pip install "anemoi-profiler[hta]"'
 DEFAULT_TIME_LIMIT_S = 300.0
-SUMMARY_FILE = "summary.json"
 LOG_FILE = "hta.log"
 
 NO_GPU_KERNELS = "no GPU kernels in the trace (CPU-only profile)"
@@ -123,7 +123,7 @@ def analyze(target: Path, out_dir: Path, time_limit_s: float = DEFAULT_TIME_LIMI
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out_dir / HTA_SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -263,7 +263,7 @@ def _remove_previous_results(out_dir: Path) -> None:
     for name in TABLE_NAMES:
         for suffix in (".csv", ".json"):
             (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
-    for name in (SUMMARY_FILE, LOG_FILE, PROGRESS_FILE):
+    for name in (HTA_SUMMARY_FILE, LOG_FILE, PROGRESS_FILE):
         (out_dir / name).unlink(missing_ok=True)
 
 

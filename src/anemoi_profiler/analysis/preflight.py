@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, TRACES_DIR
+
 TRACE_SUFFIXES = (".json", ".json.gz")
-OUTPUT_FOLDER_NAME = "hta"
-"""Folders with this name hold our own results; they are never searched for traces."""
 
 GPU_KERNEL_CATEGORIES = frozenset({"kernel", "Kernel"})
 MEMORY_COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
@@ -158,8 +158,8 @@ def trace_files_in(folder: Path) -> list[Path]:
 def traces_root(target: Path) -> Path:
     """The folder that window names are relative to: `<run>/traces` for a run folder (whose own JSON
     files, such as report.json, are no traces), else the target."""
-    run_traces = target / "traces"
-    is_run_folder = (target / "config.yaml").is_file() and (target / "environment.json").is_file()
+    run_traces = target / TRACES_DIR
+    is_run_folder = (target / CONFIG_FILE).is_file() and (target / ENVIRONMENT_FILE).is_file()
     return run_traces if run_traces.is_dir() or is_run_folder else target
 
 
@@ -179,7 +179,7 @@ def find_window_dirs(target: Path) -> list[Path]:
     folders = {
         path.parent
         for path in root.rglob("*")
-        if is_trace_file(path) and OUTPUT_FOLDER_NAME not in path.relative_to(root).parts[:-1]
+        if is_trace_file(path) and HTA_DIR not in path.relative_to(root).parts[:-1]
     }
     return sorted(folders, key=lambda folder: _natural_key(folder.relative_to(root)))
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from ..config import ProfilerConfig
 from ..report import ReportSection
-from ..session import ProfilerSession
+from ..run.session import ProfilerSession
 
 try:  # both namespaces call hooks by name, so one base class serves both trainers
     from lightning.pytorch.callbacks import Callback

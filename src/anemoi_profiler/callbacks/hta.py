@@ -11,9 +11,10 @@ import json
 import logging
 from typing import Any
 
-from .. import trainer_info
 from ..analysis import HtaNotInstalledError, NoTracesError, TraceError, analyze
+from ..layout import HTA_DIR, HTA_SUMMARY_FILE
 from ..report import ReportSection
+from ..run import trainer_info
 from .base import ProfilerCallback
 
 log = logging.getLogger(__name__)
@@ -27,13 +28,13 @@ class HtaCallback(ProfilerCallback):
             self.session.exchange.gather([0.0])  # every rank has written its traces
         if not self.session.is_global_zero or self.session.run_dir is None:
             return None, {}
-        out_dir = self.session.run_dir / "hta"
+        out_dir = self.session.run_dir / HTA_DIR
         try:
             summary = analyze(self.session.run_dir, out_dir, self.config.hta.time_limit_s)
         except (NoTracesError, HtaNotInstalledError, TraceError) as error:
             reason = " ".join(str(error).split())
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "summary.json").write_text(json.dumps({"ran": [], "skipped": {"all": reason}}, indent=2))
+            (out_dir / HTA_SUMMARY_FILE).write_text(json.dumps({"ran": [], "skipped": {"all": reason}}, indent=2))
             log.warning("anemoi-profiler: HTA skipped: %s", reason)
             return ReportSection.key_values("HTA", {"skipped": (reason, "")}), {}
         self.session.log_metrics(summary["metrics"], trainer_info.global_step(trainer))

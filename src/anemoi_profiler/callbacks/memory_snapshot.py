@@ -22,15 +22,14 @@ from typing import Any
 
 import torch
 
-from .. import trainer_info
-from ..memory_snapshot_reader import summarize_snapshot
-from ..report import ReportSection
+from ..layout import snapshot_path
+from ..measure.snapshot_reader import summarize_snapshot
+from ..report import GB, MB, ReportSection
+from ..run import trainer_info
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
 
-MB = 1e6
-GB = 1e9
 VIEWER = "https://pytorch.org/memory_viz"
 
 
@@ -101,7 +100,7 @@ class MemorySnapshotCallback(ProfilerCallback):
     def _dump_window(self) -> None:
         first, last = self.window_start, self.batches_seen - 1
         try:
-            path = self.session.run_dir / "memory" / f"snapshot_rank{self.rank}.pickle"
+            path = snapshot_path(self.session.run_dir, self.rank)
             self.dumps.append(dump_snapshot(path, f"training batches {first}-{last}"))
         finally:
             self.window_dumped = True
@@ -122,7 +121,7 @@ class MemorySnapshotCallback(ProfilerCallback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.batches_seen += 1
         if self.batches_seen == self.window_end:
-            with self.session.overhead.measure():
+            with self.session.own_work.measure():
                 self._dump_window()
 
     @guarded
@@ -144,7 +143,7 @@ class MemorySnapshotCallback(ProfilerCallback):
             return
         history = "with allocation history" if self.recording else "allocator state only: recording had ended"
         try:
-            path = self.session.run_dir / "memory" / f"snapshot_rank{self.rank}_exception.pickle"
+            path = snapshot_path(self.session.run_dir, self.rank, at_exception=True)
             self.dumps.append(dump_snapshot(path, f"{type(exception).__name__}, {history}"))
         finally:
             self._stop_recording()

@@ -35,8 +35,11 @@ import torchinfo
 from torch import nn
 from torchinfo import torchinfo as torchinfo_module
 
-from .. import trainer_info
+from ..config import ProfilerConfig
+from ..layout import MODEL_SUMMARY_FILE
 from ..report import ReportSection
+from ..run import trainer_info
+from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
@@ -286,7 +289,12 @@ class ModelSummaryCallback(ProfilerCallback):
     `input_fn(batch)` returns the model's inputs when the default rule (module docstring) does not fit.
     """
 
-    def __init__(self, config: Any = None, session: Any = None, input_fn: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: ProfilerConfig | None = None,
+        session: ProfilerSession | None = None,
+        input_fn: Callable[[Any], Any] | None = None,
+    ) -> None:
         super().__init__(config, session)
         self.input_fn = input_fn
         self.result: ModelSummary | None = None
@@ -322,7 +330,7 @@ class ModelSummaryCallback(ProfilerCallback):
     def _record(self, summary: ModelSummary) -> None:
         self.result = summary
         assert self.session.run_dir is not None
-        (self.session.run_dir / "model_summary.txt").write_text(summary.text)
+        (self.session.run_dir / MODEL_SUMMARY_FILE).write_text(summary.text)
         self.session.log_params(summary.params())
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:

@@ -10,11 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..run.intervals import Lap, RankTotals, StageMeter
 from .base import ProfilerCallback, guarded
-from .intervals import Lap, StageMeter
-from .stage_clock import STAGES, TOTAL_KEYS, StageClock
-
-__all__ = ["STAGES", "TOTAL_KEYS", "StageCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +26,7 @@ _DRIVING_HOOKS = (
 class StageCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         clock = self.session.stage_clock
-        if clock is None:
-            clock = self.session.stage_clock = StageClock(self.session, trainer)
+        assert clock is not None, "the session makes its stage clock when it starts"
         self.clock = clock
         self.reporting = True
         self.drives = clock.join(
@@ -56,8 +52,8 @@ class StageCallback(ProfilerCallback):
     def first_train_batch(self, batch: Any, ended: bool) -> None:
         """Called at the start (`ended=False`) and at the end of the very first training batch."""
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
-        """Turn measured intervals into metrics. `ranks[r]` holds rank r's `TOTAL_KEYS` over the same laps."""
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
+        """Turn measured intervals into metrics. `ranks[r]` holds rank r's totals over the same laps."""
 
     # ---- the session's intervals ----
     @property
@@ -65,15 +61,15 @@ class StageCallback(ProfilerCallback):
         return self.clock.meters
 
     @property
-    def totals(self) -> dict[str, dict[str, float]]:
-        """This rank's totals per stage, in `TOTAL_KEYS`."""
+    def totals(self) -> dict[str, RankTotals]:
+        """This rank's totals per stage."""
         return self.clock.totals
 
-    def gathered_totals(self, stage: str) -> list[list[float]]:
+    def gathered_totals(self, stage: str) -> list[RankTotals]:
         return self.clock.gathered_totals(stage)
 
     def report_laps(
-        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None
+        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None
     ) -> None:
         """Run `on_laps`, whose work is rank 0's alone, so that an error there cannot stop this rank's exchanges.
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .. import trainer_info
+from ..measure.system_metrics import SystemMetricsSampler
 from ..report import ReportSection
-from ..system_metrics import SystemMetricsSampler
+from ..run import trainer_info
 from .base import ProfilerCallback
 
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from .. import trainer_info
-from ..config import ConfigError
-from ..flops import dense_peak_flops
+from ..config import ConfigError, ProfilerConfig
+from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
-from .intervals import Lap, batch_size_of
-from .stage_callback import STAGES, TOTAL_KEYS, StageCallback
+from ..run import trainer_info
+from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
+from ..run.session import ProfilerSession
+from .stage_callback import StageCallback
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ class ThroughputCallback(StageCallback):
 
     def __init__(
         self,
-        config: Any = None,
-        session: Any = None,
+        config: ProfilerConfig | None = None,
+        session: ProfilerSession | None = None,
         length_fn: Callable[[Any], int] | None = None,
         batch_size_fn: Callable[[Any], int] | None = None,
     ) -> None:
@@ -116,7 +117,7 @@ class ThroughputCallback(StageCallback):
         return bool(options.measure_flops and self.peak_flops and self.flops_per_sample is None)
 
     # ---- metrics ----
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
         if not self.session.is_global_zero:
             return
         for lap, seconds in laps:
@@ -135,18 +136,17 @@ class ThroughputCallback(StageCallback):
             metrics[f"{prefix}/items_per_sec"] = items / seconds
         return metrics
 
-    def _global_rates(self, stage: str, ranks: list[list[float]]) -> dict[str, float]:
+    def _global_rates(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         """The true sum of every rank's rate (ranks measured over the same intervals)."""
-        timed = [dict(zip(TOTAL_KEYS, values, strict=True)) for values in ranks]
-        timed = [rank for rank in timed if rank["elapsed_s"] > 0]
+        timed = [rank for rank in ranks if rank.elapsed_s > 0]
         if not timed:
             return {}
         prefix = f"throughput/{stage}"
-        metrics = {f"{prefix}/batches_per_sec": sum(r["batches"] / r["elapsed_s"] for r in timed)}
-        samples_per_sec = sum(r["samples"] / r["elapsed_s"] for r in timed)
+        metrics = {f"{prefix}/batches_per_sec": sum(r.batches / r.elapsed_s for r in timed)}
+        samples_per_sec = sum(r.samples / r.elapsed_s for r in timed)
         if samples_per_sec:
             metrics[f"{prefix}/samples_per_sec"] = samples_per_sec
-        items_per_sec = sum(r["items"] / r["elapsed_s"] for r in timed)
+        items_per_sec = sum(r.items / r.elapsed_s for r in timed)
         if items_per_sec:
             metrics[f"{prefix}/items_per_sec"] = items_per_sec
         if stage == "train" and samples_per_sec and self.flops_per_sample and self.peak_flops:
@@ -160,12 +160,8 @@ class ThroughputCallback(StageCallback):
             ranks = self.gathered_totals(stage)
             totals = self.totals[stage]
             rates = self._global_rates(stage, ranks)
-            if totals["elapsed_s"] > 0:
-                rates.update(
-                    self._device_rates(
-                        stage, totals["batches"], totals["samples"], totals["items"], totals["elapsed_s"]
-                    )
-                )
+            if totals.elapsed_s > 0:
+                rates.update(self._device_rates(stage, totals.batches, totals.samples, totals.items, totals.elapsed_s))
             for key, value in rates.items():
                 name = key.removeprefix("throughput/")
                 summary[f"summary/{name}"] = value
@@ -174,7 +170,7 @@ class ThroughputCallback(StageCallback):
                 else:
                     values[name] = (value, "/s")
             if rates and ranks:
-                values[f"{stage}/measured_batches"] = (int(sum(r[0] for r in ranks)), "")
+                values[f"{stage}/measured_batches"] = (int(sum(r.batches for r in ranks)), "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
         if not values or not self.session.is_global_zero:

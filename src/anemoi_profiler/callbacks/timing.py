@@ -12,12 +12,11 @@ from typing import Any
 import psutil
 import torch
 
-from .. import trainer_info
-from ..report import ReportSection
-from .intervals import Lap
-from .stage_callback import STAGES, TOTAL_KEYS, StageCallback
+from ..report import MB, ReportSection
+from ..run import trainer_info
+from ..run.intervals import STAGES, Lap, RankTotals
+from .stage_callback import StageCallback
 
-MB = 1e6  # MLflow's system metrics use decimal megabytes; so do we.
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -70,7 +69,7 @@ class StepTimingCallback(StageCallback):
             self.peaks[key] = max(self.peaks.get(key, 0.0), value)
         return extras
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None) -> None:
+    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
         if not self.session.is_global_zero:
             return
         for lap, seconds in laps:
@@ -81,16 +80,15 @@ class StepTimingCallback(StageCallback):
         if ranks:
             self.session.log_metrics(self._across_ranks(stage, ranks), laps[-1][0].step)
 
-    def _across_ranks(self, stage: str, ranks: list[list[float]]) -> dict[str, float]:
+    def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         """Mean step time over ranks, and with several ranks the spread and the slowest rank."""
-        per_rank = [dict(zip(TOTAL_KEYS, values, strict=True)) for values in ranks]
-        step_ms = [r["elapsed_s"] / r["batches"] * 1000 if r["batches"] else 0.0 for r in per_rank]
+        step_ms = [rank.step_ms for rank in ranks]
         measured = [ms for ms in step_ms if ms > 0]
         if not measured:
             return {}
         metrics = {f"time/{stage}/step_ms": sum(measured) / len(measured)}
         if stage == "train":
-            waits = [r["wait_s"] / r["batches"] * 1000 for r in per_rank if r["batches"]]
+            waits = [r.wait_s / r.batches * 1000 for r in ranks if r.batches]
             metrics["time/train/dataloader_wait_ms"] = sum(waits) / len(waits)
         if len(ranks) > 1:
             metrics[f"time/{stage}/step_ms_min"] = min(measured)
@@ -112,8 +110,8 @@ class StepTimingCallback(StageCallback):
                 summary[f"summary/{name}"] = value
                 values[name] = (int(value), "") if name.endswith("slowest_rank") else (value, "ms")
         train = self.totals["train"]
-        if train["elapsed_s"] > 0:
-            values["train/dataloader_wait_share"] = (train["wait_s"] / train["elapsed_s"] * 100, "%")
+        if train.elapsed_s > 0:
+            values["train/dataloader_wait_share"] = (train.wait_s / train.elapsed_s * 100, "%")
         for key, value in self.peaks.items():
             values[key.replace("memory/", "max ")] = (value, "MB")
             summary[f"summary/{key}"] = value

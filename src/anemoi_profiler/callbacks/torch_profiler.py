@@ -13,24 +13,26 @@ import math
 import time
 from typing import Any
 
-from .. import trainer_info
+from ..config import ProfilerConfig
+from ..layout import TRACES_DIR
+from ..profiling.operator_reports import summarize_windows
 from ..profiling.recorder import WindowRecorder
-from ..profiling.reports import summarize_windows
 from ..profiling.schedule import WindowSchedule
-from ..profiling.traces import MB, TRACES_DIR, folder_size
+from ..profiling.traces import TracesUpload
 from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
+from ..run import trainer_info
+from ..run.intervals import STAGES
+from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
-
-STAGES = ("train", "val")
 
 
 class TorchProfilerCallback(ProfilerCallback):
     """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`."""
 
-    def __init__(self, config: Any = None, session: Any = None) -> None:
+    def __init__(self, config: ProfilerConfig | None = None, session: ProfilerSession | None = None) -> None:
         super().__init__(config, session)
         self._windows: ProfilingWindows | None = None
         self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)
@@ -182,7 +184,7 @@ class TorchProfilerCallback(ProfilerCallback):
         if recorder is None:
             return
         finished = self._batches[stage] - 1
-        with self.session.overhead.measure():  # closing a window, trace export: not training time
+        with self.session.own_work.measure():  # closing a window, trace export: not training time
             self._windows.batch_ended(recorder, finished)
             if finished + 1 >= self._spans[stage][1]:
                 self._stop(stage)
@@ -222,22 +224,18 @@ class TorchProfilerCallback(ProfilerCallback):
     def _traces_upload_note(self) -> str:
         """Upload traces with the run only when they are small enough; the run folder always keeps them."""
         assert self.session.run_dir is not None
-        traces_dir = self.session.run_dir / TRACES_DIR
-        total_mb = folder_size(traces_dir) / MB if traces_dir.is_dir() else 0.0
-        limit_mb = self.config.profiler.upload_traces_max_mb
-        if not total_mb:
-            return ""
-        if total_mb <= limit_mb:
-            return "uploaded to MLflow with the run"
-        self.session.keep_local(traces_dir)
-        log.info(
-            "anemoi-profiler: traces (%s) are not uploaded to MLflow (profiler.upload_traces_max_mb=%g); "
-            "they are in %s",
-            format_value(total_mb, "MB"),
-            limit_mb,
-            traces_dir,
-        )
-        return f"kept in the run folder only (over profiler.upload_traces_max_mb={limit_mb:g})"
+        upload = TracesUpload.of(self.session.run_dir, self.config.profiler)
+        if not upload.uploaded:
+            traces_dir = self.session.run_dir / TRACES_DIR
+            self.session.keep_local(traces_dir)
+            log.info(
+                "anemoi-profiler: traces (%s) are not uploaded to MLflow (profiler.upload_traces_max_mb=%g); "
+                "they are in %s",
+                format_value(upload.total_mb, "MB"),
+                upload.limit_mb,
+                traces_dir,
+            )
+        return upload.note
 
     def stop_background_work(self) -> None:
         for stage in STAGES:

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from ..report import MB
+
 log = logging.getLogger(__name__)
 
-MB = 1e6
 MAX_STEPS_KEPT = 1000
 """Per-step rows kept for the report; maxima and totals cover every profiled step."""
 

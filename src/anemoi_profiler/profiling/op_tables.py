@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-MB = 1e6
+from ..report import MB
+
 US_PER_MS = 1000.0
 STEP_MARKER = "ProfilerStep*"
 """key_averages' row for the whole profiler step; it is every operator at once, so it is left out."""

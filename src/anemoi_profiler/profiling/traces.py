@@ -12,29 +12,24 @@ import json
 import logging
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch.distributed as dist
 
 from ..config import TorchProfilerConfig
-from ..report import format_value
+from ..layout import TRACES_DIR, trace_path
+from ..report import MB, format_value
 
 log = logging.getLogger(__name__)
 
-TRACES_DIR = "traces"
-TRACE_SUFFIX = ".pt.trace.json.gz"
 RANK_INFO_KEY = "distributedInfo"
-MB = 1e6
 UNWRITABLE_BUDGETS = 4
 """A trace above this many times `trace_budget_mb` is not written: no viewer opens it."""
 _HEAD_CHARS = 1 << 16  # kineto writes its metadata, distributedInfo included, before "traceEvents"
 # Options that make traces large, biggest first, as the user turns them off.
 _HEAVY_OPTIONS = ("with_stack", "record_shapes", "profile_memory", "with_modules")
-
-
-def trace_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
-    return run_dir / TRACES_DIR / stage / f"window_{window}" / f"rank{rank}{TRACE_SUFFIX}"
 
 
 def rank_info(rank: int, world_size: int) -> dict[str, Any]:
@@ -107,6 +102,37 @@ def json_size(path: Path) -> int:
 
 def folder_size(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def traces_mb(run_dir: Path) -> float:
+    """MB of every trace file in the run folder (every rank's, on a shared file system)."""
+    traces_dir = run_dir / TRACES_DIR
+    return folder_size(traces_dir) / MB if traces_dir.is_dir() else 0.0
+
+
+@dataclass(frozen=True)
+class TracesUpload:
+    """Whether a run folder's traces go to MLflow with it: only while they stay below `upload_traces_max_mb`."""
+
+    total_mb: float
+    limit_mb: float
+
+    @classmethod
+    def of(cls, run_dir: Path, options: TorchProfilerConfig) -> TracesUpload:
+        return cls(traces_mb(run_dir), options.upload_traces_max_mb)
+
+    @property
+    def uploaded(self) -> bool:
+        return self.total_mb <= self.limit_mb
+
+    @property
+    def note(self) -> str:
+        """What the report says about the upload ('' without traces)."""
+        if not self.total_mb:
+            return ""
+        if self.uploaded:
+            return "uploaded to MLflow with the run"
+        return f"kept in the run folder only (over profiler.upload_traces_max_mb={self.limit_mb:g})"
 
 
 class TraceBudget:

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 
 from ..config import TorchProfilerConfig
+from ..layout import timeline_path
 from .device_memory import StepMemory, export_memory_timeline
 from .durations import DurationStats
 from .op_tables import WindowOperators, operator_stats
 from .recorder import WindowRecorder, effective_options, uses_cuda
 from .schedule import WindowSchedule
-from .traces import TRACES_DIR, TraceWriter, folder_size, rank_info
+from .traces import TraceWriter, rank_info
 
 MAX_UNPARSED_WINDOWS = 8
 """Windows kept unparsed at most; beyond that (many repeats) the oldest is parsed when a new one closes."""
@@ -45,14 +46,10 @@ class ProfilingWindows:
         self._tables: list[WindowOperators] = []
         self._unparsed: list[tuple[str, int, int, Any]] = []  # (stage, window, steps, torch's results)
         self.completed: Counter[str] = Counter()
-        self.timeline_path = run_dir / "memory" / f"timeline_rank{rank}.html"
+        self.timeline_path = timeline_path(run_dir, rank)
         self.timeline_seconds: float | None = None
         self._timeline_tried = False
         self._active: dict[str, int] = {}
-
-    @property
-    def traces_dir(self) -> Path:
-        return self.run_dir / TRACES_DIR
 
     def open(self, stage: str, schedule: WindowSchedule, batch: int) -> WindowRecorder:
         """Start a recorder for a stage run at its first scheduled batch."""
@@ -99,10 +96,6 @@ class ProfilingWindows:
     def _parse_oldest(self) -> None:
         stage, window, steps, results = self._unparsed.pop(0)
         self._tables.append(WindowOperators(stage, window, steps, operator_stats(results.key_averages())))
-
-    def trace_bytes(self) -> int:
-        """Bytes of all trace files in the run folder (every rank's, on a shared file system)."""
-        return folder_size(self.traces_dir) if self.traces_dir.is_dir() else 0
 
     def flush(self) -> None:
         if self.traces is not None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from ..report import MB
+
 try:
     import pynvml
 except ImportError:  # the optional `gpu` extra (nvidia-ml-py) is not installed
@@ -27,7 +29,6 @@ except ImportError:  # the optional `gpu` extra (nvidia-ml-py) is not installed
 
 LOGGER = logging.getLogger(__name__)
 
-BYTES_PER_MB = 1e6  # MLflow's system metrics use decimal megabytes
 MIN_CPU_WINDOW_S = 0.1  # psutil's advice: shorter windows give noisy utilisation
 
 
@@ -81,7 +82,7 @@ class MemoryResource(SystemResource):
     def sample(self) -> dict[str, float]:
         memory = psutil.virtual_memory()
         return {
-            "system_memory_usage_megabytes": memory.used / BYTES_PER_MB,
+            "system_memory_usage_megabytes": memory.used / MB,
             "system_memory_usage_percentage": 100.0 * memory.used / memory.total,
         }
 
@@ -98,8 +99,8 @@ class DiskResource(SystemResource):
         usage = psutil.disk_usage(self.path)
         return {
             "disk_usage_percentage": usage.percent,
-            "disk_usage_megabytes": usage.used / BYTES_PER_MB,
-            "disk_available_megabytes": usage.free / BYTES_PER_MB,
+            "disk_usage_megabytes": usage.used / MB,
+            "disk_available_megabytes": usage.free / MB,
         }
 
 
@@ -117,8 +118,8 @@ class NetworkResource(SystemResource):
             self._initial = (counters.bytes_recv, counters.bytes_sent)
         initial_received, initial_sent = self._initial
         return {
-            "network_receive_megabytes": (counters.bytes_recv - initial_received) / BYTES_PER_MB,
-            "network_transmit_megabytes": (counters.bytes_sent - initial_sent) / BYTES_PER_MB,
+            "network_receive_megabytes": (counters.bytes_recv - initial_received) / MB,
+            "network_transmit_megabytes": (counters.bytes_sent - initial_sent) / MB,
         }
 
 
@@ -215,7 +216,7 @@ class GpuResource(SystemResource):
                 values[prefix + "utilization_percentage"] = float(utilization.gpu)
             memory = self._query(ordinal, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
             if memory is not None:
-                values[prefix + "memory_usage_megabytes"] = memory.used / BYTES_PER_MB
+                values[prefix + "memory_usage_megabytes"] = memory.used / MB
                 values[prefix + "memory_usage_percentage"] = 100.0 * memory.used / memory.total
             power_mw = self._query(ordinal, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
             if power_mw is not None:

@@ -1,4 +1,4 @@
-"""`anemoi-profiler compare A B`: two runs side by side, with what got worse marked as a regression.
+"""Two runs side by side, with what got worse marked as a regression (`anemoi-profiler compare A B`).
 
 A is the baseline, B the candidate: differences are B - A, and a regression is B worse than A by more than
 the threshold in the direction that matters (lower throughput, longer steps, more memory). Runs are read
@@ -7,15 +7,11 @@ from their run folders (or downloaded from MLflow), so a comparison needs no tra
 
 from __future__ import annotations
 
-import argparse
-import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from .report import format_value, plain_table
-from .run_data import RunData, RunFolderError, load_run, resolve_run
+from ..report import format_value, plain_table
+from .run_data import RunData
 
 REGRESSION_THRESHOLD_PCT = 5.0
 """Relative change in the worse direction above which a difference is a regression (run-to-run noise of
@@ -139,7 +135,7 @@ def format_text(comparison: Comparison) -> str:
 
 
 def render_html(comparison: Comparison) -> str:
-    from .html_report import esc, html_page, html_table  # matplotlib only when a page is asked for
+    from .html import esc, html_page, html_table  # matplotlib only when a page is asked for
 
     a, b = comparison.a, comparison.b
     described_a, described_b = a.describe(), b.describe()
@@ -162,39 +158,6 @@ def render_html(comparison: Comparison) -> str:
             parts.append(f"<figure>{_overlay(key, title, a, b)}</figure>")
     parts.append("</div>")
     return html_page(f"compare {a.folder.name} {b.folder.name}", "".join(parts))
-
-
-def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("baseline", metavar="A", help="baseline: run folder or MLflow run id")
-    parser.add_argument("candidate", metavar="B", help="candidate: run folder or MLflow run id")
-    parser.add_argument("--html", type=Path, help="also write the comparison as a self-contained HTML page")
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=REGRESSION_THRESHOLD_PCT,
-        help=f"percent change for the worse that counts as a regression (default: {REGRESSION_THRESHOLD_PCT:g})",
-    )
-    parser.add_argument("--tracking-uri", help="MLflow to download runs from (default: $MLFLOW_TRACKING_URI)")
-
-
-def run_compare_cli(args: argparse.Namespace) -> int:
-    """Print the comparison (and write --html); 0, or 1 after a one-line error."""
-    try:
-        with tempfile.TemporaryDirectory(prefix="anemoi-profiler-compare-") as downloads:
-            a, b = (
-                load_run(resolve_run(target, args.tracking_uri, Path(downloads) / side))
-                for side, target in (("a", args.baseline), ("b", args.candidate))
-            )
-            comparison = compare_runs(a, b, args.threshold)
-            if args.html:
-                args.html.write_text(render_html(comparison), encoding="utf-8")
-    except (RunFolderError, OSError) as error:
-        print(f"anemoi-profiler compare: {' '.join(str(error).split())}", file=sys.stderr)
-        return 1
-    print(format_text(comparison), end="")
-    if args.html:
-        print(f"written: {args.html}")
-    return 0
 
 
 def _shorten(name: str) -> str:
@@ -223,7 +186,7 @@ def _ms_per_step(run: RunData, column: str) -> dict[str, float]:
 
 
 def _table(columns: list[str], differences: list[Difference], name_column: bool = False) -> str:
-    from .html_report import html_table
+    from .html import html_table
 
     rows = [d.cells() for d in differences]
     return html_table(columns, rows, name_column=name_column, row_classes=[d.status for d in differences])

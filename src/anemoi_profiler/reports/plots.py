@@ -17,9 +17,9 @@ import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..layout import PLOTS_DIR
 from .run_data import RunData, load_run
 
-PLOTS_DIR = "plots"
 SIZE = (8.0, 3.2)
 CAPACITY_LINE_FROM = 0.2
 """The device's capacity is drawn as a line once the peak reaches this share of it (it is in the title anyway)."""

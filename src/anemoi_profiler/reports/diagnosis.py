@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Literal
 
-from .report import ReportSection
+from ..report import ReportSection
 from .run_data import TYPICAL_MIN_INTERVALS, RunData, load_run
 
 log = logging.getLogger(__name__)

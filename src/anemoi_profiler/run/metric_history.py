@@ -1,7 +1,8 @@
 """Every metric point a run logged, kept for `metrics.json` in the run folder.
 
-With it, reports, plots and `compare` work from the run folder alone, without MLflow. Memory stays bounded
-over any run length: a key past `max_points` keeps every other point, so its curve keeps its shape.
+With it, reports, plots and `compare` work from the run folder alone, without MLflow (they read it with
+`reports.run_data.read_history`). Memory stays bounded over any run length: a key past `max_points` keeps
+every other point, so its curve keeps its shape.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-FILE_NAME = "metrics.json"
+from ..layout import METRICS_FILE
 
 
 class MetricHistory:
@@ -39,12 +40,6 @@ class MetricHistory:
             }
 
     def write(self, folder: Path) -> Path:
-        path = folder / FILE_NAME
+        path = folder / METRICS_FILE
         path.write_text(json.dumps(self.to_json()))
         return path
-
-
-def read_history(folder: Path) -> dict[str, dict[str, list[Any]]]:
-    """The metrics.json of a run folder ({} for runs made before it existed)."""
-    path = Path(folder) / FILE_NAME
-    return json.loads(path.read_text()) if path.is_file() else {}

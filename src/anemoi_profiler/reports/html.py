@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..layout import REPORT_HTML
+from ..profiling.op_tables import MEMORY_EXPLANATION
+from ..report import format_value
 from .diagnosis import TITLE as DIAGNOSIS_TITLE
 from .diagnosis import NotAssessed, Outcome, assess, fired
 from .plots import figures, svg_markup
-from .profiling.op_tables import MEMORY_EXPLANATION
-from .report import format_value
 from .run_data import RunData, load_run
 
-FILE_NAME = "report.html"
 MAX_NAME = 120
 """Characters of an operator or kernel name shown in a table cell."""
 _HTA_RANK_COLUMNS = {
@@ -73,7 +73,7 @@ tr.regression td { background: #fdecea; } tr.improvement td { background: #eaf7e
 def write_html_report(run_dir: Path) -> Path:
     """Write `<run folder>/report.html` from the run folder's files; return its path."""
     run = load_run(run_dir)
-    path = run.folder / FILE_NAME
+    path = run.folder / REPORT_HTML
     path.write_text(render_html(run), encoding="utf-8")
     return path
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from typing import Any, Union
 
 import torch
 
 Marker = Union[float, "torch.cuda.Event"]
+STAGES = ("train", "val")
 
 
 def _elapsed_s(start: Marker, end: Marker) -> float:
@@ -35,26 +36,58 @@ class Lap:
     wait_s: float
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
-    # The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time.
-    excluded_s: float = 0.0
+    own_work_s: float = 0.0
+    """The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time."""
 
     def measured_s(self) -> float:
         """Seconds in the segments, the profiler's own work included."""
         return sum(_elapsed_s(start, end) for start, end in self.segments)
 
 
+@dataclass
+class RankTotals:
+    """What one rank measured over some log intervals of a stage: the unit the ranks exchange.
+
+    `elapsed_s` is the stage's time with the profiler's own work taken out once the ranks have exchanged
+    (see `StageClock.lap`); before that it still holds `own_work_s`.
+    """
+
+    batches: float = 0.0
+    samples: float = 0.0
+    items: float = 0.0
+    wait_s: float = 0.0
+    elapsed_s: float = 0.0
+    own_work_s: float = 0.0
+
+    def add(self, other: RankTotals) -> None:
+        for item in fields(self):
+            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+
+    def to_list(self) -> list[float]:
+        return [float(value) for value in astuple(self)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> RankTotals:
+        return cls(*values)
+
+    @property
+    def step_ms(self) -> float:
+        """Mean time per batch, 0 without batches."""
+        return self.elapsed_s / self.batches * 1000 if self.batches else 0.0
+
+
 class StageMeter:
     """Counts and times one stage (train or val); paused while another stage runs.
 
-    `overhead()` reads the profiler's own accumulated work time (see `overhead.OverheadClock`); what
+    `own_work()` reads the profiler's own accumulated work time (see `own_work.OwnWorkClock`); what
     accumulates while the meter runs is taken out of its laps.
     """
 
-    def __init__(self, device: torch.device, overhead: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, device: torch.device, own_work: Callable[[], float] = lambda: 0.0) -> None:
         self._cuda = device.type == "cuda"
-        self._overhead = overhead
-        self._overhead_at_open = 0.0
-        self._excluded_s = 0.0
+        self._own_work = own_work
+        self._own_work_at_open = 0.0
+        self._own_work_s = 0.0
         self._open: Marker | None = None
         self._segments: list[tuple[Marker, Marker]] = []
         self.batches = 0
@@ -77,13 +110,13 @@ class StageMeter:
     def start(self) -> None:
         if self._open is None:
             self._open = self._mark()
-            self._overhead_at_open = self._overhead()
+            self._own_work_at_open = self._own_work()
 
     def stop(self) -> None:
         if self._open is not None:
             self._segments.append((self._open, self._mark()))
             self._open = None
-            self._excluded_s += self._overhead() - self._overhead_at_open
+            self._own_work_s += self._own_work() - self._own_work_at_open
 
     def count(self, samples: int, items: int, wait_s: float) -> None:
         self.batches += 1
@@ -97,14 +130,14 @@ class StageMeter:
             marker = self._mark()
             self._segments.append((self._open, marker))
             self._open = marker
-            now = self._overhead()
-            self._excluded_s += now - self._overhead_at_open
-            self._overhead_at_open = now
+            now = self._own_work()
+            self._own_work_s += now - self._own_work_at_open
+            self._own_work_at_open = now
         if self.batches:
             lap = Lap(step, self.batches, self._samples, self._items, self._wait_s, self._segments, extras or {})
-            lap.excluded_s = self._excluded_s
+            lap.own_work_s = self._own_work_s
             self._pending.append(lap)
-        self._excluded_s = 0.0
+        self._own_work_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0
         self._wait_s = 0.0

@@ -10,8 +10,9 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from ..redaction import redact
+from ..report import MB
 from . import trainer_info
-from .redaction import redact
 
 _PACKAGES = ("anemoi-profiler", "torch", "lightning", "pytorch-lightning", "mlflow", "omegaconf", "torchinfo")
 _ENV_VARS = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_JOB_ID", "SLURM_NNODES")
@@ -73,7 +74,7 @@ def _devices() -> list[dict[str, Any]]:
             {
                 "index": index,
                 "name": props.name,
-                "memory_mb": round(props.total_memory / 1e6),
+                "memory_mb": round(props.total_memory / MB),
                 "sm_count": props.multi_processor_count,
             }
         )

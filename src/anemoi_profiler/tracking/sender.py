@@ -6,6 +6,7 @@ the interpreter lock that the training loop needs between its operators. In this
 costs the training nothing. The sink's thread asks it for one thing at a time (create the run, send the
 spool, send a batch) over its stdin and reads the answer, a JSON line, from a pipe of its own; MLflow's
 own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
+Run as `python -m anemoi_profiler.tracking.sender <fd>`: this package imports neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from .redaction import redact_text
-from .tracking import Batch, MlflowTarget, SenderError, replay_spool
+from ..redaction import redact_text
+from .mlflow_target import MlflowTarget
+from .records import Batch
+from .spool import read_run_info, replay_spool
 
 log = logging.getLogger(__name__)
+
+
+class SenderError(RuntimeError):
+    """What the sender process reported ("<error type>: <first line>"), or that it died."""
 
 
 class SenderProcess:
@@ -32,7 +39,7 @@ class SenderProcess:
     def __init__(self, spool_dir: Path, tracking_uri: str) -> None:
         self.spool_dir = spool_dir
         self.tracking_uri = tracking_uri
-        self.run_id: str | None = json.loads((spool_dir / "run.json").read_text()).get("run_id")
+        self.run_id: str | None = read_run_info(spool_dir).get("run_id")
         self._process: subprocess.Popen[str] | None = None
         self._replies: IO[str] | None = None
         self._lock = threading.Lock()
@@ -42,15 +49,13 @@ class SenderProcess:
         return self.run_id
 
     def replay(self) -> None:
-        """Send every spooled batch (see `tracking.replay_spool`)."""
+        """Send every spooled batch (see `spool.replay_spool`)."""
         _succeeded(self._ask({"op": "replay"}))
 
     def send(self, batch: Batch) -> None:
         """Send `batch`, removing from it what MLflow has taken (also when it fails part-way)."""
-        reply = self._ask({"op": "send", "batch": batch.__dict__})
-        remaining = Batch(**reply["batch"])
-        batch.metrics, batch.params, batch.tags = remaining.metrics, remaining.params, remaining.tags
-        batch.artifacts, batch.terminate = remaining.artifacts, remaining.terminate
+        reply = self._ask({"op": "send", "batch": batch.to_dict()})
+        batch.take(Batch.from_dict(reply["batch"]))
         _succeeded(reply)
 
     def stop(self, grace_s: float = 2.0) -> None:
@@ -153,21 +158,21 @@ def serve(replies_fd: int) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
-        batch = Batch(**request["batch"]) if request["op"] == "send" else None
+        batch = Batch.from_dict(request["batch"]) if request["op"] == "send" else None
         try:
             if target.info_unsaved:
                 target.save_info()
             if request["op"] == "ensure_run":
                 target.ensure_run()
             elif request["op"] == "replay":
-                replay_spool(target.spool_dir, target=target)
+                replay_spool(target.spool_dir, target)
             elif batch is not None:
                 target.send(batch)
         except Exception as error:
             first_line = (str(error).splitlines() or [""])[0]
             reply = {"ok": False, "error": redact_text(f"{type(error).__name__}: {first_line}")}
         if batch is not None:
-            reply["batch"] = batch.__dict__
+            reply["batch"] = batch.to_dict()
         reply.update(run_id=target.run_id, warnings=warnings.take())
         replies.write(json.dumps(reply) + "\n")
         replies.flush()

@@ -1,4 +1,4 @@
-"""One profiled fit: its config, run folder, tracking sink and report, shared by the callbacks.
+"""One profiled fit: its config, run folder, stage clock, tracking sink and report, shared by the callbacks.
 
 Callbacks attach in `setup` and release in `teardown` or `on_exception`. The first attach creates the run
 folder and the sink; the last release writes the report and closes the sink. So every callback also works
@@ -7,50 +7,27 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..config import ProfilerConfig
+from ..layout import ARTIFACT_ROOT
+from ..redaction import redact_uri
+from ..report import ReportSection, RunReport
+from ..reports.diagnosis import diagnosis_section
+from ..tracking.sink import TrackingSink
+from ..tracking.uris import resolve_tracking_uri
 from . import trainer_info
-from .config import ProfilerConfig
-from .diagnosis import diagnosis_section
 from .distributed import RankExchange
 from .environment import collect_environment
+from .folder import create_folder, open_sink, print_where_to_look, upload_folder
 from .metric_history import MetricHistory
-from .overhead import OverheadClock
-from .redaction import redact, redact_uri
-from .report import ReportSection, RunReport
-from .tracking import TrackingSink, resolve_tracking_uri
-
-if TYPE_CHECKING:
-    from .callbacks.stage_clock import StageClock
+from .own_work import OwnWorkClock
+from .stage_clock import StageClock
 
 log = logging.getLogger(__name__)
-
-ARTIFACT_ROOT = "profiler"
-_NOT_UPLOADED = ("spool",)
-
-
-def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
-    """`<output_dir>/<YYYYmmdd-HHMMSS>_<hash>/`; a second job in the same second gets a `-1` suffix."""
-    base = f"{time.strftime('%Y%m%d-%H%M%S')}_{fingerprint}"
-    for attempt in range(1000):
-        path = output_dir / (base if attempt == 0 else f"{base}-{attempt}")
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a new run folder below {output_dir}")
-
-
-def run_folders(output_dir: Path) -> list[Path]:
-    """The run folders below `output_dir`, oldest first (the names sort by time)."""
-    pattern = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
-    return sorted(p for p in Path(output_dir).iterdir() if p.is_dir() and pattern.match(p.name))
 
 
 class ProfilerSession:
@@ -63,15 +40,15 @@ class ProfilerSession:
         self.local_rank = 0
         self.world_size = 1
         self._members: set[int] = set()
-        self._not_uploaded: set[Path] = set()
+        self._kept_local: set[Path] = set()
         self._report: RunReport | None = None
         self._summary_metrics: dict[str, float] = {}
         self.history = MetricHistory()
         self._started = 0.0
         self._status = "FINISHED"
         self.exchange = RankExchange()  # local until the session starts on every rank
-        self.overhead = OverheadClock()
-        self.stage_clock: StageClock | None = None  # made by the first interval-metrics callback
+        self.own_work = OwnWorkClock()
+        self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
 
     @property
     def failed(self) -> bool:
@@ -130,9 +107,12 @@ class ProfilerSession:
         self.local_rank = trainer_info.local_rank(trainer)
         self.world_size = trainer_info.world_size(trainer)
         self.exchange = RankExchange(self.config.distributed.timeout_s)
+        self.own_work = OwnWorkClock()
+        self.stage_clock = StageClock(
+            self.config, trainer_info.root_device(trainer), self.exchange, self.own_work, lambda: not self.failed
+        )
         self._started = time.time()
         self._status = "FINISHED"
-        self.stage_clock = None
         self._summary_metrics = {}
         self.history = MetricHistory()
         self.run_dir = None
@@ -150,17 +130,14 @@ class ProfilerSession:
 
     def _write_run_folder(self, trainer: Any, header: dict[str, Any]) -> Path | None:
         """Rank 0: create the run folder with the config and the environment; None when the disk refuses."""
-        output_dir = Path(self.config.output_dir).resolve()
         try:
-            run_dir = create_run_folder(output_dir, self.config.fingerprint())
-            (run_dir / "config.yaml").write_text(_redacted_yaml(self.config))
             environment = collect_environment(trainer)
-            (run_dir / "environment.json").write_text(json.dumps(environment, indent=2, default=str))
+            run_dir = create_folder(self.config, environment)
         except OSError as error:
             log.warning(
                 "anemoi-profiler: cannot write a run folder below %s (%s: %s); the profiler is off for this run, "
                 "training goes on. Set output_dir to a writable folder.",
-                output_dir,
+                Path(self.config.output_dir).resolve(),
                 type(error).__name__,
                 error.strerror or error,
             )
@@ -185,14 +162,14 @@ class ProfilerSession:
         run_id = logger.run_id if logger is not None else None
         prefix = trainer_info.logger_prefix(logger) if logger is not None else ""
         if self.is_global_zero:
-            self.sink = self._make_sink(run_id, prefix)
+            self.sink = self._open_sink(run_id, prefix)
             if self.world_size > 1 and run_id is None and self.sink is not None:
                 run_id = self.sink.wait_for_run(timeout_s=60.0)
         if self.world_size > 1:
             # One MLflow run per job: rank 0 created (or found) it, the others write into it.
             run_id = self._from_rank_zero(trainer, run_id)
             if not self.is_global_zero and self.local_rank == 0 and run_id:
-                self.sink = self._make_sink(run_id, prefix)
+                self.sink = self._open_sink(run_id, prefix)
         if self.is_global_zero and self.sink is not None:
             self.sink.log_params(
                 {
@@ -201,31 +178,18 @@ class ProfilerSession:
                 }
             )
 
-    def _make_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink | None:
-        """The sink, or None (with a warning) when its spool cannot be written: no MLflow, training goes on."""
+    def _open_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink | None:
         assert self.run_dir is not None and self.tracking_uri is not None
-        tracking = self.config.tracking
-        try:
-            return TrackingSink(
-                self.tracking_uri,
-                tracking.experiment,
-                self.run_dir / "spool" / f"rank{self.global_rank}",
-                run_id=run_id,
-                run_name=tracking.run_name or self.run_dir.name,
-                key_prefix=key_prefix,
-                tags={"anemoi_profiler.run_folder": str(self.run_dir)},
-                flush_interval_s=tracking.flush_interval_s,
-                retry_interval_s=tracking.retry_interval_s,
-            )
-        except OSError as error:
-            log.warning(
-                "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
-                "run, training goes on",
-                self.run_dir / "spool",
-                type(error).__name__,
-                error.strerror or error,
-            )
-            return None
+        return open_sink(
+            self.config,
+            self.run_dir,
+            self.global_rank,
+            self.tracking_uri,
+            run_name=self.config.tracking.run_name or self.run_dir.name,
+            run_id=run_id,
+            key_prefix=key_prefix,
+            tags={"anemoi_profiler.run_folder": str(self.run_dir)},
+        )
 
     @staticmethod
     def _from_rank_zero(trainer: Any, value: Any) -> Any:
@@ -240,19 +204,20 @@ class ProfilerSession:
         self.exchange.close()  # the last collective is behind us: gloo's threads end now, not at exit
         if self.run_dir is None:
             return  # the profiler could not start on any rank: nothing to finish
+        run_dir, sink = self.run_dir, self.sink
         steps = [
             # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
-            (self.sink is not None, "spool the metrics", lambda: self.sink.spool_now()),
+            (sink is not None, "spool the metrics", lambda: sink.spool_now()),
             (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
             (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
              self._write_html_report),
-            (self.sink is not None and bool(self._summary_metrics), "log summary metrics",
-             lambda: self.sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
-            (self.sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
-             "upload the run folder", self._upload_run_folder),
-            (self.sink is not None, "close the MLflow sink",
-             lambda: self.sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
-            (self.is_global_zero, "print where to look", self._print_where_to_look),
+            (sink is not None and bool(self._summary_metrics), "log summary metrics",
+             lambda: sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
+            (sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
+             "upload the run folder", lambda: upload_folder(sink, run_dir, self._kept_local)),
+            (sink is not None, "close the MLflow sink",
+             lambda: sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
+            (self.is_global_zero, "print where to look", lambda: print_where_to_look(run_dir, sink)),
         ]  # fmt: skip
         for wanted, what, action in steps:
             if not wanted:
@@ -280,28 +245,12 @@ class ProfilerSession:
             report.print_console()
 
     def _write_html_report(self) -> None:
-        from .html_report import write_html_report  # matplotlib is imported only here
-        from .plots import write_plot_images
+        from ..reports.html import write_html_report  # matplotlib is imported only here
+        from ..reports.plots import write_plot_images
 
         assert self.run_dir is not None
         write_html_report(self.run_dir)
         write_plot_images(self.run_dir)  # plots/*.png, uploaded with the run folder
-
-    def _upload_run_folder(self) -> None:
-        assert self.sink is not None and self.run_dir is not None
-        for path in sorted(self.run_dir.rglob("*")):
-            relative = path.relative_to(self.run_dir)
-            skipped = relative.parts[0] in _NOT_UPLOADED or any(p in self._not_uploaded for p in path.parents)
-            if path.is_file() and not skipped and path not in self._not_uploaded:
-                self.sink.log_artifact(path, str(Path(ARTIFACT_ROOT) / relative.parent))
-
-    def _print_where_to_look(self) -> None:
-        lines = [f"anemoi-profiler: run folder {self.run_dir}"]
-        if self.sink is not None and self.tracking_uri:
-            lines.append(f"anemoi-profiler: MLflow run {self.sink.run_id} at {redact_uri(self.tracking_uri)}")
-            if self.tracking_uri.startswith("sqlite:"):
-                lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {self.tracking_uri}")
-        print("\n".join(lines), flush=True)
 
     # ---- what callbacks call ----
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -318,19 +267,13 @@ class ProfilerSession:
 
     def keep_local(self, path: Path) -> None:
         """Keep a file or folder of the run folder out of the MLflow upload (e.g. traces over the size cap)."""
-        self._not_uploaded.add(Path(path).resolve())
+        self._kept_local.add(Path(path).resolve())
 
     def add_section(self, section: ReportSection | None, summary_metrics: dict[str, float] | None = None) -> None:
         """Add a report section and end-of-run `summary/...` values (rank 0 writes them)."""
         if self._report is not None:
             self._report.add(section)
         self._summary_metrics.update(summary_metrics or {})
-
-
-def _redacted_yaml(config: ProfilerConfig) -> str:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.create(redact(config.to_dict())))
 
 
 def _header_from_environment(environment: dict[str, Any], trainer: Any) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""Host time the profiler spends on its own heavy work inside the training loop.
+"""Host time the profiler spends on its own heavy work inside the training loop ("own work").
 
 Exporting a trace, building operator tables or dumping a memory snapshot happens between batches, on the
-training thread. Step timing and throughput take this time out of their intervals and out of the
-dataloader wait, so a profiling window does not distort the figures the profiler reports about training.
+training thread. The stage clock takes this time out of its intervals and out of the dataloader wait, so a
+profiling window does not distort the figures the profiler reports about training.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-class OverheadClock:
+class OwnWorkClock:
     def __init__(self) -> None:
         self.total_s = 0.0
 

@@ -18,21 +18,32 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from .metric_history import FILE_NAME as METRICS_FILE
+from ..layout import (
+    ARTIFACT_ROOT,
+    CONFIG_FILE,
+    ENVIRONMENT_FILE,
+    HTA_DIR,
+    HTA_SUMMARY_FILE,
+    MEMORY_REPORT,
+    METRICS_FILE,
+    MODEL_SUMMARY_FILE,
+    REPORT_JSON,
+    TIME_REPORT,
+    TRACES_DIR,
+)
 
-RUN_FILES = ("report.json", METRICS_FILE, "environment.json")
+RUN_FILES = (REPORT_JSON, METRICS_FILE, ENVIRONMENT_FILE)
 """A folder with none of these is not a run folder."""
-ARTIFACT_ROOT = "profiler"
-"""Where the session uploads the run folder in the MLflow run (`session.ARTIFACT_ROOT`)."""
+HTA_SUMMARY = f"{HTA_DIR}/{HTA_SUMMARY_FILE}"
 DOWNLOADED_FILES = (
     *RUN_FILES,
-    "config.yaml",
-    "time_report.json",
-    "memory_report.json",
-    "model_summary.txt",
-    "hta/summary.json",
+    CONFIG_FILE,
+    f"{TIME_REPORT}.json",
+    f"{MEMORY_REPORT}.json",
+    MODEL_SUMMARY_FILE,
+    HTA_SUMMARY,
 )
-"""What reports and comparisons read: a run's traces are not downloaded."""
+"""What reports and comparisons read: a run's traces are downloaded only for `analyze`."""
 
 MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
 """MLflow's rule for run ids: a target that is neither a folder nor this never becomes part of a path."""
@@ -193,24 +204,30 @@ def load_run(folder: Path) -> RunData:
         raise RunFolderError(f"no such folder: {folder}")
     if not any((folder / name).is_file() for name in RUN_FILES):
         raise RunFolderError(f"{folder} is not a run folder: none of {', '.join(RUN_FILES)} in it")
-    report = _read_json(folder / "report.json")
+    report = _read_json(folder / REPORT_JSON)
     return RunData(
         folder=folder,
         header=report.get("header") or {},
         sections=report.get("sections") or {},
-        metrics=_read_json(folder / METRICS_FILE),
-        environment=_read_json(folder / "environment.json"),
-        time_report=_read_json(folder / "time_report.json"),
-        memory_report=_read_json(folder / "memory_report.json"),
-        hta=_read_json(folder / "hta" / "summary.json"),
-        model_summary=_read_text(folder / "model_summary.txt"),
+        metrics=read_history(folder),
+        environment=_read_json(folder / ENVIRONMENT_FILE),
+        time_report=_read_json(folder / f"{TIME_REPORT}.json"),
+        memory_report=_read_json(folder / f"{MEMORY_REPORT}.json"),
+        hta=_read_json(folder / HTA_SUMMARY),
+        model_summary=_read_text(folder / MODEL_SUMMARY_FILE),
     )
 
 
-def resolve_run(target: str, tracking_uri: str | None, download_to: Path) -> Path:
-    """The run folder `target`, or else the MLflow run with that id, downloaded below `download_to`.
+def read_history(folder: Path) -> dict[str, dict[str, list[Any]]]:
+    """The metrics.json of a run folder: {key: {"step": [...], "value": [...], "time": [...]}}; {} without one."""
+    return _read_json(Path(folder) / METRICS_FILE)
+
+
+def resolve_run(target: str, tracking_uri: str | None, download_to: Path, traces: bool = False) -> Path:
+    """The folder `target`; else the MLflow run with that id, downloaded below `download_to` (see `download_run`).
 
     The tracking URI is `tracking_uri`, else $MLFLOW_TRACKING_URI; without either a missing folder is an error.
+    A target that is neither a folder nor a well-formed run id is refused before MLflow is asked anything.
     """
     if Path(target).exists():
         return Path(target)
@@ -219,14 +236,15 @@ def resolve_run(target: str, tracking_uri: str | None, download_to: Path) -> Pat
     tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not tracking_uri:
         raise RunFolderError(f"no such folder: {target} (for an MLflow run, give its id and --tracking-uri)")
-    return download_run(target, tracking_uri, download_to)
+    return download_run(target, tracking_uri, download_to, traces)
 
 
-def download_run(run_id: str, tracking_uri: str, dst: Path) -> Path:
-    """Download the report inputs of an MLflow run's `profiler/` artifacts (never its traces) into `dst`,
-    laid out as in the run folder."""
-    import mlflow
-
+def download_run(run_id: str, tracking_uri: str, dst: Path, traces: bool = False) -> Path:
+    """Download an MLflow run's `profiler/` artifacts into `dst`, laid out as in the run folder: the report
+    inputs (`DOWNLOADED_FILES` that the run has), or with `traces` its `traces/` folder alone."""
+    if traces:
+        _download(run_id, tracking_uri, TRACES_DIR, dst)
+        return dst
     try:
         available = _artifact_paths(run_id, tracking_uri)
     except Exception as error:
@@ -234,18 +252,24 @@ def download_run(run_id: str, tracking_uri: str, dst: Path) -> Path:
     wanted = [name for name in DOWNLOADED_FILES if f"{ARTIFACT_ROOT}/{name}" in available]
     if not any(name in RUN_FILES for name in wanted):
         raise RunFolderError(f"MLflow run {run_id!r} has no {ARTIFACT_ROOT}/ run files ({', '.join(RUN_FILES)})")
-    with _without_progress_bars():
-        for name in wanted:
-            artifact, folder = f"{ARTIFACT_ROOT}/{name}", (dst / name).parent
-            folder.mkdir(parents=True, exist_ok=True)
-            try:
-                mlflow.artifacts.download_artifacts(
-                    run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=str(folder)
-                )
-            except Exception as error:
-                message = f"cannot download {artifact} of MLflow run {run_id!r}: {_first_line(error)}"
-                raise RunFolderError(message) from None
+    for name in wanted:
+        _download(run_id, tracking_uri, name, dst)
     return dst
+
+
+def _download(run_id: str, tracking_uri: str, name: str, dst: Path) -> None:
+    import mlflow
+
+    artifact, folder = f"{ARTIFACT_ROOT}/{name}", (dst / name).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _without_progress_bars():
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=str(folder)
+            )
+    except Exception as error:
+        message = f"could not download {artifact} of MLflow run {run_id!r} from {tracking_uri}: {_first_line(error)}"
+        raise RunFolderError(message) from None
 
 
 @contextlib.contextmanager
@@ -268,7 +292,7 @@ def _artifact_paths(run_id: str, tracking_uri: str) -> set[str]:
 
     client = MlflowClient(tracking_uri)
     found: set[str] = set()
-    for folder in (ARTIFACT_ROOT, f"{ARTIFACT_ROOT}/hta"):
+    for folder in (ARTIFACT_ROOT, f"{ARTIFACT_ROOT}/{HTA_DIR}"):
         found.update(info.path for info in client.list_artifacts(run_id, folder) if not info.is_dir)
     return found
 

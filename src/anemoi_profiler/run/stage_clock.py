@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from .. import trainer_info
-from .intervals import Lap, StageMeter
+import torch
 
-if TYPE_CHECKING:
-    from ..session import ProfilerSession
-
-STAGES = ("train", "val")
-# What each rank contributes per interval, in this order; listeners get the first five.
-TOTAL_KEYS = ("batches", "samples", "items", "wait_s", "elapsed_s")
-_EXCHANGED = len(TOTAL_KEYS) + 1  # ... and the profiler's own work inside elapsed_s
+from ..config import ProfilerConfig
+from . import trainer_info
+from .distributed import RankExchange
+from .intervals import STAGES, Lap, RankTotals, StageMeter
+from .own_work import OwnWorkClock
 
 
 class Listener(Protocol):
@@ -37,28 +34,36 @@ class Listener(Protocol):
     def first_train_batch(self, batch: Any, ended: bool) -> None: ...
 
     def report_laps(
-        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[list[float]] | None
+        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None
     ) -> None: ...
 
 
 class StageClock:
-    def __init__(self, session: ProfilerSession, trainer: Any) -> None:
-        self.session = session
-        self.config = session.config
-        overhead = session.overhead
-        self._own_work: Callable[[], float] = lambda: overhead.total_s
-        device = trainer_info.root_device(trainer)
+    """Made by the session when it starts; `exchanges_allowed()` turns False once a rank failed."""
+
+    def __init__(
+        self,
+        config: ProfilerConfig,
+        device: torch.device,
+        exchange: RankExchange,
+        own_work: OwnWorkClock,
+        exchanges_allowed: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.exchange = exchange
+        self._own_work: Callable[[], float] = lambda: own_work.total_s
+        self._exchanges_allowed = exchanges_allowed
         self.meters = {stage: StageMeter(device, self._own_work) for stage in STAGES}
-        self.totals = {stage: dict.fromkeys(TOTAL_KEYS, 0.0) for stage in STAGES}
+        self.totals = {stage: RankTotals() for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
-        self.exchanged: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
+        self.exchanged: dict[str, list[RankTotals]] = {stage: [] for stage in STAGES}
         self.listeners: list[Listener] = []
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
         self.train_batches_seen = 0
         self._last_batch_end: float | None = None
         self._batch_start = 0.0
-        self._overhead_at_batch_end = 0.0
+        self._own_work_at_batch_end = 0.0
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
         """Add a listener; True when it is the first, which then drives the clock from its hooks."""
@@ -94,7 +99,7 @@ class StageClock:
         elif self.train_batches_seen == self.config.throughput.warmup_steps:
             meter.start()
         self._last_batch_end = time.perf_counter()
-        self._overhead_at_batch_end = self._own_work()
+        self._own_work_at_batch_end = self._own_work()
 
     def train_end(self, trainer: Any) -> None:
         self.lap(trainer, "train", final=True)
@@ -120,7 +125,7 @@ class StageClock:
         if meter.batches >= self.config.log_every_n_steps:
             self.lap(trainer, "val")
         self._last_batch_end = time.perf_counter()
-        self._overhead_at_batch_end = self._own_work()
+        self._own_work_at_batch_end = self._own_work()
 
     def validation_end(self, trainer: Any) -> None:
         if trainer.sanity_checking:
@@ -144,8 +149,8 @@ class StageClock:
         out: mostly waiting for data (other callbacks' end-of-batch work counts too)."""
         if self._last_batch_end is None:
             return 0.0
-        profiler_work = self._own_work() - self._overhead_at_batch_end
-        return max(0.0, self._batch_start - self._last_batch_end - profiler_work)
+        own_work = self._own_work() - self._own_work_at_batch_end
+        return max(0.0, self._batch_start - self._last_batch_end - own_work)
 
     def lap(self, trainer: Any, stage: str, final: bool = False) -> None:
         """Close the interval, exchange it across ranks and hand it to every listener."""
@@ -155,56 +160,58 @@ class StageClock:
             extras.update(lap_extras(stage))
         meter.lap(trainer_info.global_step(trainer), extras)
         taken = [(lap, lap.measured_s()) for lap in meter.take(keep_newest=not final)]
-        local = [0.0] * _EXCHANGED
+        local = RankTotals()
         for lap, seconds in taken:
-            for index, value in enumerate((lap.batches, lap.samples, lap.items, lap.wait_s, seconds, lap.excluded_s)):
-                local[index] += value
+            local.add(RankTotals(lap.batches, lap.samples, lap.items, lap.wait_s, seconds, lap.own_work_s))
         # Every rank reaches this point at the same batch count, so the collective lines up.
-        ranks = None if self.session.failed else self.session.exchange.gather(local)
+        ranks = self._gather(local)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time.
-        excluded = max(rank[-1] for rank in ranks) if ranks else local[-1]
-        laps = _without_own_work(taken, excluded)
-        for key, value in zip(TOTAL_KEYS, local, strict=False):
-            self.totals[stage][key] += value
-        self.totals[stage]["elapsed_s"] -= excluded
+        own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
+        laps = _without_own_work(taken, own_work_s)
+        local.elapsed_s -= own_work_s
+        self.totals[stage].add(local)
         if ranks:
-            rows = [[*rank[:4], rank[4] - excluded] for rank in ranks]
-            sums = self.exchanged[stage] or [[0.0] * len(TOTAL_KEYS) for _ in rows]
-            for rank_sums, rank_values in zip(sums, rows, strict=True):
-                for index, value in enumerate(rank_values):
-                    rank_sums[index] += value
+            for rank in ranks:
+                rank.elapsed_s -= own_work_s
+            sums = self.exchanged[stage] or [RankTotals() for _ in ranks]
+            for rank_sums, rank in zip(sums, ranks, strict=True):
+                rank_sums.add(rank)
             self.exchanged[stage] = sums
-            ranks = rows
         if laps:
             for listener in self.listeners:
                 listener.report_laps(trainer, stage, laps, ranks)
 
-    def gathered_totals(self, stage: str) -> list[list[float]]:
+    def gathered_totals(self, stage: str) -> list[RankTotals]:
         """Every rank's totals for the stage at the end.
 
         Once the ranks can no longer exchange (one failed), the totals of the intervals they all exchanged
         before: this rank's own totals alone would pass for the sum over ranks.
         """
-        local = [self.totals[stage][key] for key in TOTAL_KEYS]
-        if self.session.world_size == 1:
+        local = self.totals[stage]
+        if self.exchange.world_size == 1:
             return [local]
-        ranks = None if self.session.failed else self.session.exchange.gather(local)
-        return ranks or self.exchanged[stage]
+        return self._gather(local) or self.exchanged[stage]
+
+    def _gather(self, local: RankTotals) -> list[RankTotals] | None:
+        if not self._exchanges_allowed():
+            return None
+        ranks = self.exchange.gather(local.to_list())
+        return [RankTotals.from_list(values) for values in ranks] if ranks is not None else None
 
 
-def _without_own_work(taken: list[tuple[Lap, float]], excluded: float) -> list[tuple[Lap, float]]:
-    """Each lap's seconds less its share of `excluded`, dropping laps that took no measurable time.
+def _without_own_work(taken: list[tuple[Lap, float]], own_work_s: float) -> list[tuple[Lap, float]]:
+    """Each lap's seconds less its share of `own_work_s`, dropping laps that took no measurable time.
 
-    With one rank `excluded` is the laps' own work, taken out lap by lap; what other ranks' work added
+    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work added
     (all ranks wait for the slowest) is spread over the laps by their length.
     """
-    own = sum(lap.excluded_s for lap, _ in taken)
+    own = sum(lap.own_work_s for lap, _ in taken)
     measured = sum(seconds for _, seconds in taken)
-    waited = excluded - own
+    waited = own_work_s - own
     laps = []
     for lap, seconds in taken:
         share = waited * seconds / measured if measured > 0 else 0.0
-        remaining = seconds - lap.excluded_s - share
+        remaining = seconds - lap.own_work_s - share
         if remaining > 0:
             laps.append((lap, remaining))
     return laps

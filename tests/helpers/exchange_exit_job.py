@@ -12,7 +12,7 @@ import sys
 
 import torch.distributed as dist
 
-from anemoi_profiler.distributed import RankExchange
+from anemoi_profiler.run.distributed import RankExchange
 
 
 def threads() -> int:

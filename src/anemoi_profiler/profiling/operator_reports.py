@@ -1,4 +1,4 @@
-"""The time and memory reports: `time_report.{csv,json}`, `memory_report.{txt,csv,json}` and report sections.
+"""The operator reports: `time_report.{csv,json}`, `memory_report.{txt,csv,json}` and their report sections.
 
 Files hold every window of this rank (one row per stage, window and operator); the report sections sum a
 stage's windows, so the console shows one table per stage however many windows ran.
@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..layout import MEMORY_REPORT, TIME_REPORT, TRACES_DIR
 from ..report import ReportSection, format_value, plain_table
 from .device_memory import StepMemory
 from .op_tables import (
@@ -24,11 +25,9 @@ from .op_tables import (
     top_by_memory,
     top_by_time,
 )
-from .traces import MB, TRACES_DIR
+from .traces import traces_mb
 from .windows import ProfilingWindows
 
-TIME_REPORT = "time_report"
-MEMORY_REPORT = "memory_report"
 _WINDOW_COLUMNS = ("stage", "window", "steps", "rank")
 _TIME_CELLS = {"self_cpu_ms": "self CPU ms", "cpu_total_ms": "CPU total ms"}
 _DEVICE_TIME_CELLS = {"self_device_ms": "self device ms", "device_total_ms": "device total ms"}
@@ -206,7 +205,7 @@ def _overview(windows: ProfilingWindows, traces_note: str) -> tuple[ReportSectio
     for stage, count in windows.completed.items():
         values[f"{stage} windows"] = (count, "")
         metrics[f"summary/profiler/windows/{stage}"] = count
-    trace_mb = windows.trace_bytes() / MB
+    trace_mb = traces_mb(windows.run_dir)
     if trace_mb:
         values["traces"] = (f"{format_value(trace_mb, 'MB')} in {TRACES_DIR}/, {traces_note}", "")
         metrics["summary/profiler/trace_mb"] = trace_mb

@@ -7,36 +7,29 @@ inputs of given shapes, dtypes and device, so that a change to one layer is meas
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import importlib.util
-import json
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from omegaconf import OmegaConf
 
-from ..config import ConfigError, ProfilerConfig
-from ..environment import collect_environment
-from ..redaction import redact, redact_uri
-from ..report import ReportSection, RunReport
-from ..session import ARTIFACT_ROOT, create_run_folder
-from ..tracking import TrackingSink, resolve_tracking_uri
-from .durations import DurationStats
-from .reports import summarize_windows
-from .schedule import WindowSchedule
-from .traces import MB, TRACES_DIR, folder_size
-from .windows import ProfilingWindows
+from .config import ConfigError, ProfilerConfig
+from .layout import ARTIFACT_ROOT, TRACES_DIR
+from .profiling.durations import DurationStats
+from .profiling.operator_reports import summarize_windows
+from .profiling.schedule import WindowSchedule
+from .profiling.traces import TracesUpload
+from .profiling.windows import ProfilingWindows
+from .report import ReportSection, RunReport
+from .run.environment import collect_environment
+from .run.folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .tracking.uris import resolve_tracking_uri
 
 STAGE = "component"
-YAML_SECTION = "component"
-_NOT_UPLOADED = ("spool",)
 
 
 @dataclasses.dataclass
@@ -157,9 +150,7 @@ def profile_component(
     backend = "inductor" if compile is True else compile or None
     runnable = torch.compile(target, backend=backend) if backend else target
 
-    run_dir = create_run_folder(Path(config.output_dir).resolve(), config.fingerprint())
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redact(config.to_dict()))))
-    (run_dir / "environment.json").write_text(json.dumps(collect_environment(), indent=2, default=str))
+    run_dir = create_folder(config, collect_environment())
     described = {
         "target": name,
         "inputs": ", ".join(f"{tuple(i.shape)} {i.dtype}" for i in inputs),
@@ -167,7 +158,19 @@ def profile_component(
         "compile": backend or "off",
         "backward": backward,
     }
-    sink = _open_sink(config, run_dir, name)
+    tracking = config.tracking
+    sink = (
+        open_sink(
+            config,
+            run_dir,
+            0,
+            resolve_tracking_uri(tracking.uri, None, config.output_dir),
+            run_name=tracking.run_name or f"component-{name}-{run_dir.name}",
+            tags={"anemoi_profiler.run_folder": str(run_dir), "anemoi_profiler.component": name},
+        )
+        if tracking.enabled
+        else None
+    )
     if sink is not None:
         sink.log_params({f"{ARTIFACT_ROOT}/component/{key}": value for key, value in described.items()})
     status = "FAILED"
@@ -175,7 +178,9 @@ def profile_component(
         step = _step_function(runnable, make_inputs(inputs, torch_device, backward), backward, parameters)
         windows = ProfilingWindows(run_dir, 0, 1, config.profiler, torch_device)
         calls, steps = _run_windows(step, windows, WindowSchedule.from_config(config.profiler.train), torch_device)
-        sections, metrics = summarize_windows(windows, _upload_note(config, run_dir))
+        uploading = sink is not None and tracking.upload_artifacts
+        traces = TracesUpload.of(run_dir, config.profiler)
+        sections, metrics = summarize_windows(windows, traces.note if uploading else "not uploaded (tracking off)")
         component_section, component_metrics = _component_section(calls, steps)
         metrics.update(component_metrics)
         report = RunReport({"run folder": str(run_dir), **described})
@@ -189,9 +194,11 @@ def profile_component(
         status = "FINISHED"
     finally:
         if sink is not None:
-            _upload_run_folder(sink, run_dir, config)
-            sink.close(status, timeout_s=config.tracking.close_timeout_s)
-        _print_where_to_look(run_dir, sink)
+            if tracking.upload_artifacts:
+                traces = TracesUpload.of(run_dir, config.profiler)
+                upload_folder(sink, run_dir, () if traces.uploaded else [run_dir / TRACES_DIR])
+            sink.close(status, timeout_s=tracking.close_timeout_s)
+        print_where_to_look(run_dir, sink)
     return run_dir
 
 
@@ -235,138 +242,3 @@ def _component_section(calls: DurationStats, steps: int) -> tuple[ReportSection,
             metrics[f"summary/component/call_{key}"] = stats["call"][key]
     note = "Wall time per call including the profiler's overhead in active steps; the device is synchronized."
     return ReportSection.key_values("Component", values, note), metrics
-
-
-def _traces_uploadable(config: ProfilerConfig, run_dir: Path) -> bool:
-    traces_dir = run_dir / TRACES_DIR
-    traces_mb = folder_size(traces_dir) / MB if traces_dir.is_dir() else 0.0
-    return traces_mb <= config.profiler.upload_traces_max_mb
-
-
-def _upload_note(config: ProfilerConfig, run_dir: Path) -> str:
-    if not (config.tracking.enabled and config.tracking.upload_artifacts):
-        return "not uploaded (tracking off)"
-    if not _traces_uploadable(config, run_dir):
-        return (
-            f"kept in the run folder only (over profiler.upload_traces_max_mb={config.profiler.upload_traces_max_mb:g})"
-        )
-    return "uploaded to MLflow with the run"
-
-
-def _open_sink(config: ProfilerConfig, run_dir: Path, name: str) -> TrackingSink | None:
-    tracking = config.tracking
-    if not tracking.enabled:
-        return None
-    return TrackingSink(
-        resolve_tracking_uri(tracking.uri, None, config.output_dir),
-        tracking.experiment,
-        run_dir / "spool" / "rank0",
-        run_name=tracking.run_name or f"component-{name}-{run_dir.name}",
-        tags={"anemoi_profiler.run_folder": str(run_dir), "anemoi_profiler.component": name},
-        flush_interval_s=tracking.flush_interval_s,
-        retry_interval_s=tracking.retry_interval_s,
-    )
-
-
-def _upload_run_folder(sink: TrackingSink, run_dir: Path, config: ProfilerConfig) -> None:
-    if not config.tracking.upload_artifacts:
-        return
-    skipped = {run_dir / name for name in _NOT_UPLOADED}
-    if not _traces_uploadable(config, run_dir):
-        skipped.add(run_dir / TRACES_DIR)
-    for path in sorted(run_dir.rglob("*")):
-        if path.is_file() and not skipped.intersection(path.parents):
-            sink.log_artifact(path, str(Path(ARTIFACT_ROOT) / path.relative_to(run_dir).parent))
-
-
-def _print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
-    lines = [f"anemoi-profiler: run folder {run_dir}"]
-    if sink is not None:
-        lines.append(f"anemoi-profiler: MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}")
-        if sink.tracking_uri.startswith("sqlite:"):
-            lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
-    print("\n".join(lines), flush=True)
-
-
-# ---- command line ----
-def add_component_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `anemoi-profiler component`; flags override the YAML file's `component:` section."""
-    parser.add_argument("--target", help="'package.module:factory' or 'path/file.py:factory' returning a module")
-    parser.add_argument(
-        "--input-shape",
-        action="append",
-        type=_shape,
-        metavar="N,M,...",
-        help="shape of one synthetic input, e.g. 8,1024; repeat for several inputs",
-    )
-    parser.add_argument("--dtype", help="input dtype (default float32), e.g. bfloat16")
-    parser.add_argument("--device", help="cpu (default), cuda or cuda:N")
-    parser.add_argument(
-        "--compile",
-        nargs="?",
-        const="inductor",
-        metavar="BACKEND",
-        help="wrap the target in torch.compile (backend inductor, or the one named, e.g. aot_eager)",
-    )
-    parser.add_argument("--backward", action="store_true", default=None, help="also run backward of the outputs' sum")
-    parser.add_argument("--config", type=Path, help="YAML with profiler settings and a 'component:' section")
-    parser.add_argument("--output-dir", help="where run folders (and the default MLflow store) go")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. profiler.top_n=20")
-
-
-def run_component_cli(args: argparse.Namespace) -> int:
-    """Run `anemoi-profiler component` from parsed arguments; returns the exit code."""
-    component, settings = load_component_file(args.config) if args.config else ({}, None)
-    overrides = [*args.overrides, *([f"output_dir={args.output_dir}"] if args.output_dir else [])]
-    config = ProfilerConfig.load(settings, overrides)
-    target = args.target or component.get("target")
-    if not target:
-        raise ConfigError("component: give --target package.module:factory, or component.target in --config")
-    base_dir = args.config.parent if args.config and not args.target else None
-    inputs = component.get("inputs") or [{"shape": [8, 1024]}]
-    if args.input_shape:
-        inputs = [{"shape": list(shape)} for shape in args.input_shape]
-    default_dtype = str(component.get("dtype", "float32"))
-    profile_component(
-        resolve_target(str(target), component.get("kwargs"), base_dir),
-        input_shapes=[tuple(spec["shape"]) for spec in inputs],
-        dtype=[args.dtype or str(spec.get("dtype", default_dtype)) for spec in inputs],
-        device=args.device or component.get("device", "cpu"),
-        config=config,
-        compile=args.compile or component.get("compile", False),
-        backward=bool(args.backward if args.backward is not None else component.get("backward", False)),
-    )
-    return 0
-
-
-def load_component_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a YAML file into its `component:` section and the profiler settings (everything else)."""
-    if not path.is_file():
-        raise ConfigError(f"config {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
-    component = data.pop(YAML_SECTION, None) or {}
-    if not isinstance(component, dict):
-        raise ConfigError(f"{path}: '{YAML_SECTION}' must be a mapping (target, kwargs, inputs, dtype, ...)")
-    allowed = {"target", "kwargs", "inputs", "dtype", "device", "compile", "backward"}
-    unknown = sorted(set(component) - allowed)
-    if unknown:
-        raise ConfigError(f"{YAML_SECTION}.{unknown[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
-    for index, spec in enumerate(component.get("inputs") or []):
-        if not isinstance(spec, dict) or "shape" not in spec:
-            raise ConfigError(f"{YAML_SECTION}.inputs[{index}]: expected a mapping with 'shape' (and 'dtype')")
-    return component, data
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in re.split(r"[,x]", text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, e.g. 8,1024; got {text!r}") from None
-    if not shape or any(n <= 0 for n in shape):
-        raise argparse.ArgumentTypeError(f"expected positive sizes, e.g. 8,1024; got {text!r}")
-    return shape

@@ -11,13 +11,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from .diagnosis import TITLE as DIAGNOSIS_TITLE
-from .diagnosis import diagnosis_section
-from .report import ReportSection, RunReport, plain_table
-from .run_data import RunData, RunFolderError, load_run, resolve_run
+from ..report import ReportSection, RunReport, plain_table
+from ..reports.diagnosis import TITLE as DIAGNOSIS_TITLE
+from ..reports.diagnosis import diagnosis_section
+from ..reports.run_data import RunData, RunFolderError, load_run, resolve_run
+
+NAME = "report"
+HELP = "regenerate a run's diagnosis, report.txt/json and report.html"
+DESCRIPTION = "From a run folder, or an MLflow run id (its profiler/ artifacts)."
 
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="run folder, or MLflow run id")
     parser.add_argument(
         "--output", help="for an MLflow run: where its files are downloaded and the reports written "
@@ -26,13 +30,13 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", help="MLflow to download the run from (default: $MLFLOW_TRACKING_URI)")
 
 
-def run_report_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Regenerate the reports, print the diagnosis and where the files are; 0, or 1 after a one-line error."""
     try:
         folder = resolve_run(args.target, args.tracking_uri, Path(args.output or f"report_{args.target}"))
-        run = load_run(folder)  # refuses a folder that is no run folder before anything is written
+        loaded = load_run(folder)  # refuses a folder that is no run folder before anything is written
         diagnosis = diagnosis_section(folder)
-        written = regenerate_reports(run, diagnosis)
+        written = regenerate_reports(loaded, diagnosis)
     except (RunFolderError, OSError) as error:
         print(f"anemoi-profiler report: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
@@ -45,7 +49,7 @@ def run_report_cli(args: argparse.Namespace) -> int:
 def regenerate_reports(run: RunData, diagnosis: ReportSection | None) -> list[Path]:
     """report.txt and report.json with `diagnosis` first (when the run has a readable report.json), and
     report.html."""
-    from .html_report import write_html_report  # matplotlib only now: `anemoi-profiler --help` stays fast
+    from ..reports.html import write_html_report  # matplotlib only now: `anemoi-profiler --help` stays fast
 
     written = []
     if run.header or run.sections:

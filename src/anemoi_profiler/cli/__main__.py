@@ -1,0 +1,7 @@
+"""`python -m anemoi_profiler.cli`: the same as the `anemoi-profiler` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

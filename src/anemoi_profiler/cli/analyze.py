@@ -1,0 +1,82 @@
+"""`anemoi-profiler analyze <trace folder | run folder | MLflow run id>`: HTA over traces, printed.
+
+Input problems (a missing folder, no traces, a corrupt file, HTA not installed, a run that cannot be
+downloaded) end with one line naming the cause and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..analysis.hta_runner import (
+    DEFAULT_TIME_LIMIT_S,
+    HtaNotInstalledError,
+    analyze,
+    format_summary,
+    require_hta,
+    write_summary,
+)
+from ..analysis.preflight import NoTracesError, TraceError
+from ..config import ConfigError
+from ..layout import ARTIFACT_ROOT, HTA_DIR, TRACES_DIR
+from ..reports.run_data import RunFolderError, resolve_run
+
+NAME = "analyze"
+HELP = "run Holistic Trace Analysis over traces (needs the 'hta' extra)"
+DESCRIPTION = (
+    "Run HTA over a trace folder, a run folder (every traces/<stage>/window_<k>/), or an MLflow "
+    "run id (its profiler/traces artifacts), print a summary and write tables as CSV/JSON."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="trace folder, run folder, or MLflow run id")
+    parser.add_argument("--output", help="where tables go (default: <target>/hta, or ./hta_<run id>)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        help=f"seconds for all analyses (default: {DEFAULT_TIME_LIMIT_S:g})",
+    )
+    parser.add_argument("--tracking-uri", help="MLflow to download a run's traces from (default: $MLFLOW_TRACKING_URI)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.time_limit <= 0:
+        raise ConfigError(f"--time-limit: got {args.time_limit}, expected seconds > 0")
+    return run_analyze(args.target, args.output, args.time_limit, args.tracking_uri)
+
+
+def run_analyze(target: str, output: str | None, time_limit_s: float, tracking_uri: str | None = None) -> int:
+    """Analyse `target` and print the summary; return 0, or 1 after a one-line message on stderr.
+
+    `target` is a trace folder, a run folder, or (when it is no folder and a tracking URI is given, or
+    set in MLFLOW_TRACKING_URI) an MLflow run id whose `profiler/traces` artifacts are analysed.
+    Results go to `output`, by default `<target>/hta` for a folder and `./hta_<run id>` for a run.
+    """
+    try:
+        summary = _analyze_target(target, output, time_limit_s, tracking_uri)
+    except (TraceError, NoTracesError, HtaNotInstalledError, RunFolderError, OSError) as error:
+        print(f"anemoi-profiler analyze: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    print(format_summary(summary))
+    return 0
+
+
+def _analyze_target(target: str, output: str | None, time_limit_s: float, tracking_uri: str | None) -> dict[str, Any]:
+    if Path(target).exists():
+        folder = Path(target)
+        return analyze(folder, Path(output) if output else folder / HTA_DIR, time_limit_s)
+    require_hta()  # before a download that may take minutes
+    out_dir = Path(output) if output else Path.cwd() / f"hta_{target}"
+    with tempfile.TemporaryDirectory(prefix="anemoi-profiler-traces-") as download_dir:
+        summary = analyze(resolve_run(target, tracking_uri, Path(download_dir), traces=True), out_dir, time_limit_s)
+    source = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    summary["target"] = f"MLflow run {target} ({ARTIFACT_ROOT}/{TRACES_DIR} from {source})"
+    write_summary(out_dir, summary)
+    return summary

@@ -1,0 +1,89 @@
+"""The run folder, the contract every part of the profiler writes to and reads from: each name in one place.
+
+```
+<output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
+  config.yaml  environment.json  metrics.json
+  report.txt  report.json  report.html  plots/<name>.png
+  model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
+  traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
+  memory/snapshot_rank<r>.pickle  memory/snapshot_rank<r>_exception.pickle  memory/timeline_rank<r>.html
+  hta/summary.json  hta/<stage>/window_<k>/...
+  spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
+```
+
+The MLflow run holds the same files under `ARTIFACT_ROOT/`, except the spool. Torch-free: the command line
+and the tracking sender read it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+ARTIFACT_ROOT = "profiler"
+"""Where the run folder is uploaded in the MLflow run."""
+
+CONFIG_FILE = "config.yaml"
+ENVIRONMENT_FILE = "environment.json"
+METRICS_FILE = "metrics.json"
+REPORT_TXT = "report.txt"
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+PLOTS_DIR = "plots"
+MODEL_SUMMARY_FILE = "model_summary.txt"
+TIME_REPORT = "time_report"
+"""Stem of `time_report.csv` and `time_report.json`."""
+MEMORY_REPORT = "memory_report"
+"""Stem of `memory_report.txt`, `.csv` and `.json`."""
+TRACES_DIR = "traces"
+TRACE_SUFFIX = ".pt.trace.json.gz"
+MEMORY_DIR = "memory"
+HTA_DIR = "hta"
+HTA_SUMMARY_FILE = "summary.json"
+SPOOL_DIR = "spool"
+RUN_INFO_FILE = "run.json"
+"""In each spool folder: the tracking URI (redacted), experiment, run id and tags the spool belongs to."""
+NOT_UPLOADED = (SPOOL_DIR,)
+"""Top-level folders of a run folder that stay out of the MLflow upload."""
+
+_RUN_FOLDER_NAME = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
+
+
+def trace_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
+    return run_dir / TRACES_DIR / stage / f"window_{window}" / f"rank{rank}{TRACE_SUFFIX}"
+
+
+def snapshot_path(run_dir: Path, rank: int, at_exception: bool = False) -> Path:
+    return run_dir / MEMORY_DIR / f"snapshot_rank{rank}{'_exception' if at_exception else ''}.pickle"
+
+
+def timeline_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / MEMORY_DIR / f"timeline_rank{rank}.html"
+
+
+def spool_dir(run_dir: Path, rank: int) -> Path:
+    return run_dir / SPOOL_DIR / f"rank{rank}"
+
+
+def spool_dirs(run_dir: Path) -> list[Path]:
+    """Every rank's spool folder of a run folder (those with a run file)."""
+    return sorted(path.parent for path in (Path(run_dir) / SPOOL_DIR).glob(f"*/{RUN_INFO_FILE}"))
+
+
+def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
+    """`<output_dir>/<YYYYmmdd-HHMMSS>_<hash>/`; a second job in the same second gets a `-1` suffix."""
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}_{fingerprint}"
+    for attempt in range(1000):
+        path = output_dir / (base if attempt == 0 else f"{base}-{attempt}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new run folder below {output_dir}")
+
+
+def run_folders(output_dir: Path) -> list[Path]:
+    """The run folders below `output_dir`, oldest first (the names sort by time)."""
+    return sorted(p for p in Path(output_dir).iterdir() if p.is_dir() and _RUN_FOLDER_NAME.match(p.name))

@@ -1,0 +1,91 @@
+"""The run folder's lifecycle, the same for a Trainer run and for component profiling.
+
+Create it with the config and the environment, open the MLflow sink that spools into it, upload it to the
+MLflow run at the end, and say where to look.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..config import ProfilerConfig
+from ..layout import ARTIFACT_ROOT, CONFIG_FILE, ENVIRONMENT_FILE, NOT_UPLOADED, create_run_folder, spool_dir
+from ..redaction import redact, redact_uri
+from ..tracking.sink import TrackingSink
+
+log = logging.getLogger(__name__)
+
+
+def create_folder(config: ProfilerConfig, environment: Mapping[str, Any]) -> Path:
+    """A new run folder below `config.output_dir` with `config.yaml` (secrets redacted) and `environment.json`."""
+    run_dir = create_run_folder(Path(config.output_dir).resolve(), config.fingerprint())
+    (run_dir / CONFIG_FILE).write_text(redacted_yaml(config))
+    (run_dir / ENVIRONMENT_FILE).write_text(json.dumps(environment, indent=2, default=str))
+    return run_dir
+
+
+def redacted_yaml(config: ProfilerConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(config.to_dict())))
+
+
+def open_sink(
+    config: ProfilerConfig,
+    run_dir: Path,
+    rank: int,
+    tracking_uri: str,
+    *,
+    run_name: str,
+    run_id: str | None = None,
+    key_prefix: str = "",
+    tags: Mapping[str, str] | None = None,
+) -> TrackingSink | None:
+    """The sink of this rank, spooling below the run folder; None (with a warning) when the spool cannot be
+    written: then nothing goes to MLflow, and the training goes on."""
+    tracking = config.tracking
+    try:
+        return TrackingSink(
+            tracking_uri,
+            tracking.experiment,
+            spool_dir(run_dir, rank),
+            run_id=run_id,
+            run_name=run_name,
+            key_prefix=key_prefix,
+            tags=tags,
+            flush_interval_s=tracking.flush_interval_s,
+            retry_interval_s=tracking.retry_interval_s,
+        )
+    except OSError as error:
+        log.warning(
+            "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
+            "run, training goes on",
+            spool_dir(run_dir, rank).parent,
+            type(error).__name__,
+            error.strerror or error,
+        )
+        return None
+
+
+def upload_folder(sink: TrackingSink, run_dir: Path, kept_local: Collection[Path] = ()) -> None:
+    """Queue every file of the run folder for `ARTIFACT_ROOT/` of the MLflow run, except the spool and
+    `kept_local` files and folders (traces over the upload cap)."""
+    kept = {Path(path).resolve() for path in kept_local}
+    for path in sorted(run_dir.rglob("*")):
+        relative = path.relative_to(run_dir)
+        skipped = relative.parts[0] in NOT_UPLOADED or path.resolve() in kept or kept.intersection(path.parents)
+        if path.is_file() and not skipped:
+            sink.log_artifact(path, str(Path(ARTIFACT_ROOT) / relative.parent))
+
+
+def print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
+    lines = [f"anemoi-profiler: run folder {run_dir}"]
+    if sink is not None:
+        lines.append(f"anemoi-profiler: MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}")
+        if sink.tracking_uri.startswith("sqlite:"):
+            lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,13 @@
+"""The single place that talks to MLflow, torch-free: URI policy, spool, the sink thread and the sender process.
+
+```
+training thread -> TrackingSink (sink.py: a queue and a thread) -> spool files (spool.py)
+                -> SenderProcess (sender.py: a child process) -> MlflowTarget (mlflow_target.py) -> MLflow
+```
+
+`anemoi-profiler sync` replays a spool through `MlflowTarget` directly.
+"""
+
+from .uris import artifact_location_for, default_tracking_uri, resolve_tracking_uri
+
+__all__ = ["artifact_location_for", "default_tracking_uri", "resolve_tracking_uri"]

@@ -1,0 +1,137 @@
+"""An MLflow run reached through one client: what the sender process (and `sync`) run, never the training process."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..redaction import REDACTED, redact_text, redact_uri
+from .records import Batch
+from .spool import read_run_info, write_run_info
+from .uris import artifact_location_for
+
+log = logging.getLogger(__name__)
+
+MAX_METRICS_PER_REQUEST = 1000
+MAX_PARAMS_PER_REQUEST = 100
+REFUSED_FOR_CONTENT = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS")
+"""MLflow error codes of a request refused for what it holds, not because the server is away."""
+
+
+class MlflowTarget:
+    """The run of a spool (`run.json`); creates it on first use if the spool has no run id yet."""
+
+    def __init__(self, spool_dir: Path, tracking_uri: str | None = None) -> None:
+        self.spool_dir = spool_dir
+        self.info = read_run_info(spool_dir)
+        self.tracking_uri = tracking_uri or _without_redacted_credentials(self.info["tracking_uri"])
+        self.info_unsaved = False  # the run id is not in run.json yet: the disk refused it
+        self._client: Any = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.info.get("run_id")
+
+    def client(self) -> Any:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def ensure_run(self) -> str:
+        if self.run_id:
+            return self.run_id
+        client = self.client()
+        experiment_id = self._experiment_id(client)
+        run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
+        self.info["run_id"] = run.info.run_id
+        self.info["experiment_id"] = experiment_id
+        self.save_info()
+        return run.info.run_id
+
+    def save_info(self) -> None:
+        """Record the run id in run.json, so that `sync` adds to this run; a full disk only delays it."""
+        try:
+            write_run_info(self.spool_dir, self.info)
+            self.info_unsaved = False
+        except OSError:
+            self.info_unsaved = True
+
+    def _experiment_id(self, client: Any) -> str:
+        from mlflow.exceptions import MlflowException
+
+        name = self.info["experiment"]
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return client.create_experiment(name, artifact_location=artifact_location_for(self.tracking_uri))
+            except MlflowException:
+                experiment = client.get_experiment_by_name(name)  # another job created it a moment ago
+                if experiment is None:
+                    raise
+        return experiment.experiment_id
+
+    def send(self, batch: Batch) -> None:
+        """Send a batch request by request, removing from `batch` what MLflow has taken.
+
+        A request MLflow refuses for its content (not for being away) is dropped with a warning, so one bad
+        value cannot hold back the rest or end the run's status update.
+        """
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = self.ensure_run()
+        client = self.client()
+        while batch.metrics:
+            chunk = batch.metrics[:MAX_METRICS_PER_REQUEST]
+            metrics = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in chunk]
+            self._call(client.log_batch, run_id, metrics=metrics)
+            del batch.metrics[: len(chunk)]
+        while batch.params:
+            keys = list(batch.params)[:MAX_PARAMS_PER_REQUEST]
+            self._call(client.log_batch, run_id, params=[Param(k, batch.params[k]) for k in keys])
+            for k in keys:
+                del batch.params[k]
+        if batch.tags:
+            self._call(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in batch.tags.items()])
+            batch.tags.clear()
+        while batch.artifacts:
+            local_path, artifact_dir = batch.artifacts[0]
+            if Path(local_path).exists():
+                self._call(client.log_artifact, run_id, local_path, artifact_dir or None)
+            batch.artifacts.pop(0)
+        if batch.terminate:
+            self._call(self._terminate, client, run_id, batch.terminate)
+            batch.terminate = None
+
+    def _terminate(self, client: Any, run_id: str, status: str) -> None:
+        """`set_terminated`, except that with credentials in the URI the run's URL is not printed to stdout:
+        MLflow prints it with the password in it."""
+        store = getattr(getattr(client, "_tracking_client", None), "store", None)
+        if store is None or redact_uri(self.tracking_uri) == self.tracking_uri:
+            client.set_terminated(run_id, status)
+            return
+        from mlflow.entities import RunStatus
+
+        store.update_run_info(run_id, RunStatus.from_string(status), int(time.time() * 1000), None)
+
+    @staticmethod
+    def _call(fn: Any, *args: Any, **kwargs: Any) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            fn(*args, **kwargs)
+        except MlflowException as error:
+            if error.error_code in REFUSED_FOR_CONTENT:
+                reason = redact_text(str(error).splitlines()[0])
+                log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", reason)
+                return
+            raise
+
+
+def _without_redacted_credentials(uri: str) -> str:
+    """The URI recorded in run.json, minus the `***@` left of its credentials: MLflow then takes them from
+    MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or give `sync --tracking-uri`)."""
+    return uri.replace(f"://{REDACTED}@", "://", 1)

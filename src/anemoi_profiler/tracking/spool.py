@@ -1,0 +1,101 @@
+"""The spool: a rank's records on disk until MLflow has them, one folder per rank of the run folder.
+
+`run.json` names the run the records belong to; each `batch-<time>-<seq>.json` holds one `Batch`. Files
+appear under their final name only when complete, so a reader never sees half a batch. The format is read
+back by `anemoi-profiler sync`, possibly by a later version: keep it stable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..layout import RUN_INFO_FILE
+from .records import Batch
+
+log = logging.getLogger(__name__)
+
+
+class Target(Protocol):
+    """Where a spool is sent: `MlflowTarget`, or the sink's `SenderProcess` in front of one."""
+
+    def send(self, batch: Batch) -> None: ...
+
+
+def read_run_info(spool_dir: Path) -> dict[str, Any]:
+    return json.loads((spool_dir / RUN_INFO_FILE).read_text())
+
+
+def write_run_info(spool_dir: Path, info: Mapping[str, Any]) -> None:
+    tmp = spool_dir / (RUN_INFO_FILE + ".tmp")
+    tmp.write_text(json.dumps(dict(info), indent=2))
+    tmp.replace(spool_dir / RUN_INFO_FILE)
+
+
+def read_batch(path: Path) -> Batch:
+    return Batch.from_dict(json.loads(path.read_text()))
+
+
+def write_batch(batch: Batch, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(batch.to_dict()))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+    tmp.replace(path)
+
+
+def pending_batches(spool_dir: Path) -> list[Path]:
+    return sorted(spool_dir.glob("batch-*.json"))
+
+
+def replay_spool(spool_dir: Path, target: Target) -> tuple[int, int]:
+    """Send every spooled batch, merged into as few requests as possible; return (files sent, files left).
+
+    On failure the unsent remainder is written back in place of the first file, so order is kept and
+    nothing is sent twice. An unreadable file is renamed `*.unreadable`, kept and counted as left. Used by the
+    sender process and by `anemoi-profiler sync`.
+    """
+    files = pending_batches(spool_dir)
+    if not files:
+        return 0, 0
+    merged, unreadable = Batch(), 0
+    for path in list(files):
+        try:
+            merged.merge(read_batch(path))
+        except (ValueError, TypeError) as error:  # spool files are written atomically: only a damaged disk
+            kept = path.with_name(path.name + ".unreadable")
+            path.replace(kept)
+            files.remove(path)
+            unreadable += 1
+            log.warning("anemoi-profiler: spool file %s is unreadable (%s); kept as %s, not sent", path, error, kept)
+    if not files:
+        return 0, unreadable
+    try:
+        target.send(merged)
+    except Exception as error:
+        try:
+            write_batch(merged, files[0])
+        except OSError:
+            raise error from None  # a full disk: the files stay as they were; the store drops what it had already
+        for path in files[1:]:
+            path.unlink()
+        raise
+    for path in files:
+        path.unlink()
+    return len(files), unreadable
+
+
+def remove_if_empty(spool_dir: Path) -> None:
+    """Drop a spool left with nothing to send (its run file alone), and `spool/` once no rank's is left."""
+    if not spool_dir.is_dir() or any(path.name != RUN_INFO_FILE for path in spool_dir.iterdir()):
+        return
+    with contextlib.suppress(OSError):  # a read-only spool stays; nothing in it needs sending
+        (spool_dir / RUN_INFO_FILE).unlink(missing_ok=True)
+        spool_dir.rmdir()
+        spool_dir.parent.rmdir()  # refused while another rank's spool is still there

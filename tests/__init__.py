@@ -1,0 +1,1 @@
+"""The test suite: real fits, real MLflow stores and servers, real processes."""

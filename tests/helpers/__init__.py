@@ -1,0 +1,1 @@
+"""Test helpers: small Lightning models, a real MLflow server, jobs run in their own processes."""

@@ -1,0 +1,118 @@
+"""The layout rules of docs/architecture.md: imports go one way, modules stay small, the run folder's names live
+in `layout.py`, and the commands that need no training start without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anemoi_profiler import layout
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anemoi_profiler"
+MAX_MODULE_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imported_modules(name: str) -> set[str]:
+    """Our modules that `name` imports anywhere: at the top, inside functions and under TYPE_CHECKING."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            found.update(
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source for alias in node.names
+            )
+    return {module for module in found if module in MODULES and module != name}
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = {name: imported_modules(name) for name in MODULES}
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for imported in graph[name]:
+            if imported in path:
+                cycles.append(" -> ".join([*path[path.index(imported) :], imported]))
+            elif imported not in done:
+                visit(imported, [*path, imported])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_no_source_module_is_over_the_size_limit() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
+def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
+    names = {
+        value
+        for key, value in vars(layout).items()
+        if key.isupper() and isinstance(value, str) and "." in value and key != "ARTIFACT_ROOT"
+    }
+    spelled = []
+    for name, path in MODULES.items():
+        if name == "anemoi_profiler.layout":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings:
+                spelled.append(f"{name}:{node.lineno} {node.value!r}")
+    assert not spelled, spelled
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["sync", "--help"],
+        ["analyze", "--help"],
+        ["report", "--help"],
+        ["compare", "--help"],
+        ["sync", "no-such-folder"],
+        ["report", "no-such-folder"],
+    ],
+)
+def test_commands_that_train_nothing_start_without_torch(argv: list[str]) -> None:
+    script = (
+        "import sys\n"
+        "from anemoi_profiler.cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch imported:', 'torch' in sys.modules, 'lightning imported:', 'lightning' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "torch imported: False lightning imported: False" in result.stdout, result.stdout + result.stderr
