@@ -12,7 +12,9 @@ torchrun, one launcher per node (here two "nodes" on one machine; on a cluster u
 
 The job gets one run folder and one MLflow run (rank 0 creates both and tells the others), whatever the
 launcher. Pass profiler options as `key=value` after the flags, e.g. `distributed.profiled_ranks=[1]`.
-`--fail-on-rank R --fail-at-step N` makes one rank raise, to see the job end instead of hanging; with
+`--slow-rank R --slow-ms MS` makes one rank sleep in every training step (a straggler the others wait for), and
+`--slow-data-rank R --slow-data-ms MS` makes one rank's dataloader slow; `--fail-on-rank R --fail-at-step N` makes
+one rank raise, to see the job end instead of hanging; with
 `DDP_TRAIN_DUMP_STACKS_AFTER_S=S` in the environment every process prints its Python stacks after S seconds,
 which shows where a process waits if it ever does.
 """
@@ -23,13 +25,14 @@ import argparse
 import faulthandler
 import os
 import sys
+import time
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.tracking import artifact_location_for, resolve_tracking_uri
@@ -38,13 +41,22 @@ FEATURES = 32
 
 
 class SmallRegressor(pl.LightningModule):
-    """A two-layer MLP; `fail_on_rank`/`fail_at_step` make one rank raise in training_step."""
+    """A two-layer MLP; `slow_rank` sleeps `slow_s` in every training step, `fail_on_rank` raises at `fail_at_step`."""
 
-    def __init__(self, width: int = 64, fail_on_rank: int | None = None, fail_at_step: int = 0) -> None:
+    def __init__(
+        self,
+        width: int = 64,
+        fail_on_rank: int | None = None,
+        fail_at_step: int = 0,
+        slow_rank: int | None = None,
+        slow_s: float = 0.0,
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(FEATURES, width), nn.ReLU(), nn.Linear(width, 1))
         self.fail_on_rank = fail_on_rank
         self.fail_at_step = fail_at_step
+        self.slow_rank = slow_rank
+        self.slow_s = slow_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -52,6 +64,8 @@ class SmallRegressor(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_rank == self.fail_on_rank and self.global_step >= self.fail_at_step:
             raise RuntimeError(f"injected failure on rank {self.global_rank} at step {self.global_step}")
+        if self.global_rank == self.slow_rank:
+            time.sleep(self.slow_s)
         x, y = batch
         loss = nn.functional.mse_loss(self(x), y)
         self.log("train/loss", loss)
@@ -72,6 +86,19 @@ def synthetic_data(samples: int, seed: int) -> TensorDataset:
     return TensorDataset(x, x.sum(dim=1, keepdim=True))
 
 
+class SlowBatches:
+    """Collates like the default, `delay_s` slower on global rank `rank`: one rank's slow input pipeline."""
+
+    def __init__(self, rank: int, delay_s: float) -> None:
+        self.rank = rank
+        self.delay_s = delay_s
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == self.rank:
+            time.sleep(self.delay_s)
+        return default_collate(samples)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
@@ -86,6 +113,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", help="profiler output_dir (run folders and the embedded mlflow.db)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the embedded sqlite store)")
     parser.add_argument("--mlflow-logger", action="store_true", help="also log the loss with an MLFlowLogger")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (gradient accumulation)")
+    parser.add_argument("--slow-rank", type=int, help="global rank that sleeps in every training step")
+    parser.add_argument("--slow-ms", type=float, default=60.0, help="how long --slow-rank sleeps per step")
+    parser.add_argument("--slow-data-rank", type=int, help="global rank whose dataloader is slow")
+    parser.add_argument("--slow-data-ms", type=float, default=60.0, help="extra time per batch of --slow-data-rank")
+    parser.add_argument(
+        "--same-samples", action="store_true", help="every rank trains on every sample (no DistributedSampler)"
+    )
+    parser.add_argument("--save-weights", help="rank 0 saves the trained weights to this file (torch.save)")
     parser.add_argument("--fail-on-rank", type=int, help="global rank that raises in training_step")
     parser.add_argument("--fail-at-step", type=int, default=5, help="step at which --fail-on-rank raises")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="profiler config overrides")
@@ -139,7 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     world_size = args.devices * args.num_nodes
     # One epoch of exactly max_steps batches per rank, then one validation run.
-    train = DataLoader(synthetic_data(args.max_steps * args.batch_size * world_size, seed=0), args.batch_size)
+    batches = args.max_steps * args.accumulate
+    collate = SlowBatches(args.slow_data_rank, args.slow_data_ms / 1000) if args.slow_data_rank is not None else None
+    train_set = synthetic_data(batches * args.batch_size * world_size, seed=0)
+    train = DataLoader(train_set, args.batch_size, collate_fn=collate)
     val = DataLoader(synthetic_data(args.val_batches * args.batch_size * world_size, seed=1), args.batch_size)
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -147,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         devices=args.devices,
         num_nodes=args.num_nodes,
         max_steps=args.max_steps,
+        accumulate_grad_batches=args.accumulate,
+        use_distributed_sampler=not args.same_samples,
         limit_val_batches=args.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=config.log_every_n_steps,
@@ -156,7 +197,15 @@ def main(argv: list[str] | None = None) -> None:
         enable_model_summary=False,
         enable_progress_bar=sys.stdout.isatty(),
     )
-    trainer.fit(SmallRegressor(fail_on_rank=args.fail_on_rank, fail_at_step=args.fail_at_step), train, val)
+    model = SmallRegressor(
+        fail_on_rank=args.fail_on_rank,
+        fail_at_step=args.fail_at_step,
+        slow_rank=args.slow_rank,
+        slow_s=args.slow_ms / 1000,
+    )
+    trainer.fit(model, train, val)
+    if args.save_weights and trainer.global_rank == 0:
+        torch.save(model.state_dict(), args.save_weights)
 
 
 if __name__ == "__main__":

@@ -183,12 +183,49 @@ def test_communication_quiet_when_overlapped_or_small() -> None:
     assert isinstance(communication_bound(run_with({}, H200)), NotAssessed)
 
 
-def test_slow_rank_names_the_rank_and_its_excess() -> None:
-    verdict = slow_rank(run_with({"train/step_ms": 100.0, "train/step_ms_max": 130.0, "train/slowest_rank": 3}))
+TWO_HOSTS = {**CPU, "hosts": ["node-a", "node-b"], "world_size": 2, "accumulate_grad_batches": 1}
+
+
+def test_slow_rank_names_the_rank_its_host_and_what_the_others_lose() -> None:
+    summary = {"train/step_ms": 100.0, "train/straggler_ms": 60.0, "train/slowest_rank": 1}
+    verdict = slow_rank(run_with(summary, TWO_HOSTS))
     assert isinstance(verdict, Verdict)
-    assert verdict.value == "rank 3 takes 30% longer per step than the mean (130.0 vs 100.0 ms)"
-    assert slow_rank(run_with({"train/step_ms": 100.0, "train/step_ms_max": 105.0})) is None
-    assert isinstance(slow_rank(run_with({"train/step_ms": 100.0})), NotAssessed)
+    assert (verdict.name, verdict.severity) == ("slow rank", "high")
+    assert verdict.value.startswith("the other ranks wait 60.0 ms per step for rank 1 on node-b (60% of")
+    assert "its data loading does not explain it" in verdict.value
+    assert "node-b" in verdict.next_step
+
+
+def test_slow_rank_blames_data_loading_when_its_own_data_wait_covers_the_lead() -> None:
+    summary = {
+        "train/step_ms": 100.0,
+        "train/straggler_ms": 60.0,
+        "train/slowest_rank": 1,
+        "train/dataloader_slowest_rank": 1,
+        "train/dataloader_wait_ms_max": 61.0,  # rank 1; rank 0 waits 1 ms: the mean is 31
+        "train/dataloader_wait_ms": 31.0,
+    }
+    verdict = slow_rank(run_with(summary, TWO_HOSTS))
+    assert isinstance(verdict, Verdict)
+    assert "its own data wait explains it (60.0 ms more per optimizer step than the others)" in verdict.value
+    assert "input pipeline" in verdict.next_step
+
+
+def test_slow_rank_is_per_optimizer_step_under_gradient_accumulation() -> None:
+    summary = {"train/step_ms": 50.0, "train/straggler_ms": 30.0, "train/slowest_rank": 0}
+    environment = {**TWO_HOSTS, "accumulate_grad_batches": 4}
+    verdict = slow_rank(run_with(summary, environment))
+    assert isinstance(verdict, Verdict)
+    assert "30.0 ms per optimizer step" in verdict.value and "(15% of the 200.0 ms optimizer step)" in verdict.value
+    assert verdict.severity == "medium"
+
+
+def test_slow_rank_stays_quiet_for_balanced_ranks_and_says_why_it_could_not_look() -> None:
+    assert slow_rank(run_with({"train/step_ms": 100.0, "train/straggler_ms": 4.0, "train/slowest_rank": 1})) is None
+    assert slow_rank(run_with({"train/step_ms": 100.0})) == NotAssessed("one rank")
+    reason = "the 2 ranks of each replica wait for each other inside their forward and backward collectives"
+    ranks = {"Ranks": {"data": {"collective wait": f"not assessed: {reason}"}}}
+    assert slow_rank(run_with({"train/step_ms": 100.0}, TWO_HOSTS, sections=ranks)) == NotAssessed(reason)
 
 
 # ---- memory ----

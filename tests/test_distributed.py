@@ -7,11 +7,7 @@ sum the ranks, per-node system metrics, and one trace per profiled rank in each 
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,123 +17,29 @@ from typing import Any
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.callbacks.stage_callback import StageCallback
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.run.intervals import RankTotals
+from anemoi_profiler.run.gradient_sync import GradientSyncTimer
+from anemoi_profiler.run.intervals import GapTimes, RankTotals
 from anemoi_profiler.run.stage_clock import StageClock
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
-JOB_TIMEOUT_S = 180
-MAX_STEPS = 20
-BATCH_SIZE = 8
-WARMUP_STEPS = 2
-# Small intervals and a short sampling period, so that 20 steps give several of each.
-FAST = [
-    f"--max-steps={MAX_STEPS}",
-    f"--batch-size={BATCH_SIZE}",
-    "log_every_n_steps=4",
-    f"throughput.warmup_steps={WARMUP_STEPS}",
-    "system.interval_s=1",
-    "report.console=false",
-]
-# Two training windows (batches 4-5 and 8-9) and the preset's validation window.
-SMALL_WINDOWS = [
-    "profiler.enabled=true",
-    "profiler.train.skip_first=2",
-    "profiler.train.wait=1",
-    "profiler.train.warmup=1",
-    "profiler.train.active=2",
-    "profiler.train.repeat=2",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def job_environment() -> dict[str, str]:
-    """One thread per process (the ranks share few cores) and no tracking URI inherited from the tests."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(MLFLOW_DISABLE_TELEMETRY="true", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-def start_job(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**job_environment(), **(extra_env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # so a hung job can be killed with all its ranks
-    )
-
-
-def finish_job(process: subprocess.Popen[str], deadline: float) -> tuple[int, str]:
-    """Exit code and output; a job still running at the deadline is killed and fails the test."""
-    try:
-        output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"job still running after {JOB_TIMEOUT_S} s; its output ends with:\n{output[-6000:]}")
-    return process.returncode, output
-
-
-def run_jobs(commands: list[list[str]], cwd: Path, extra_env: dict[str, str] | None = None) -> list[tuple[int, str]]:
-    """Start the commands together (launchers of one job) and wait for all of them."""
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    processes = [start_job(command, cwd, extra_env) for command in commands]
-    return [finish_job(process, deadline) for process in processes]
-
-
-def run_ok(command: list[str], cwd: Path) -> str:
-    [(returncode, output)] = run_jobs([command], cwd)
-    assert returncode == 0, output[-6000:]
-    return output
-
-
-def example(*args: str) -> list[str]:
-    return [sys.executable, str(EXAMPLE), *args]
-
-
-def torchrun(launcher_args: list[str], *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, str(EXAMPLE), *args]
-
-
-def only_run_folder(output_dir: Path) -> Path:
-    folders = run_folders(output_dir)
-    assert len(folders) == 1, folders
-    return folders[0]
-
-
-def only_run(tracking_uri: str) -> Any:
-    client = MlflowClient(tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments)
-    assert len(runs) == 1, [r.info.run_name for r in runs]
-    return runs[0]
-
-
-def trace_ranks(run_dir: Path) -> dict[str, list[int]]:
-    """`<stage>/window_<k>` -> ranks of its trace files, after checking each names its own rank inside."""
-    windows: dict[str, list[int]] = {}
-    for path in sorted((run_dir / "traces").glob("*/window_*/rank*.pt.trace.json.gz")):
-        rank = int(path.name.removeprefix("rank").split(".")[0])
-        with gzip.open(path, "rt") as file:
-            assert json.load(file)["distributedInfo"]["rank"] == rank, path
-        windows.setdefault(f"{path.parent.parent.name}/{path.parent.name}", []).append(rank)
-    return windows
-
-
-def throughput_summary(run_dir: Path) -> dict[str, float]:
-    return json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]
+from tests.helpers.jobs import (
+    BATCH_SIZE,
+    FAST,
+    JOB_TIMEOUT_S,
+    MAX_STEPS,
+    SMALL_WINDOWS,
+    WARMUP_STEPS,
+    example,
+    free_port,
+    only_run,
+    only_run_folder,
+    run_jobs,
+    run_ok,
+    throughput_summary,
+    torchrun,
+    trace_ranks,
+)
 
 
 def assert_global_is_sum_of_two_ranks(metrics: dict[str, float], prefix: str) -> None:
@@ -332,9 +234,9 @@ def rank_0_of_two(callback: StageCallback, other_rank: list[float]) -> tuple[Sim
     """Start `callback` as rank 0 of a two-rank job whose exchange is scripted; returns a stand-in trainer."""
     session, exchange = callback.session, ScriptedExchange(other_rank)
     session.world_size = 2
-    session.stage_clock = StageClock(
-        session.config, torch.device("cpu"), exchange, session.own_work, lambda: not session.failed
-    )
+    cpu = torch.device("cpu")
+    timer = GradientSyncTimer(cpu, data_parallel_size=2, enabled=True)
+    session.stage_clock = StageClock(session.config, cpu, exchange, session.own_work, timer, lambda: not session.failed)
     trainer = SimpleNamespace(global_step=0, strategy=SimpleNamespace())
     callback.on_session_start(trainer, None)
     return trainer, exchange
@@ -352,11 +254,11 @@ def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_p
     meter.start()
     for interval in range(2):
         for _ in range(4):
-            meter.count(0, 0, 0.0)
+            meter.count(0, 0, GapTimes())
         trainer.global_step = 4 * (interval + 1)
         callback.clock.lap(trainer, "train")
     for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
-        meter.count(0, 0, 0.0)
+        meter.count(0, 0, GapTimes())
     callback.session.mark_failed("FAILED")
     callback.clock.lap(trainer, "train", final=True)
 
@@ -375,7 +277,7 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
     meter = callback.meters["train"]
     meter._segments = [(10.0, 10.9)]  # rank 0 measured 0.9 s, none of it its own work
     for _ in range(4):
-        meter.count(0, 0, 0.0)
+        meter.count(0, 0, GapTimes())
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
     callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))

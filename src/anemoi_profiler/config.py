@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 PRESETS = ("simple", "detailed")
+ITEM_COUNTING = ("replica", "rank")
 
 
 class ConfigError(ValueError):
@@ -161,6 +162,9 @@ class HtaConfig:
 
     enabled: bool = _opt(False, "Analyse every trace window after fit; results in hta/ and hta/... metrics.")
     time_limit_s: float = _opt(300.0, "Seconds for all analyses together; what is left is skipped and said so.")
+    memory_limit_mb: float = _opt(
+        8000.0, "Resident memory of the HTA process (MB) above which it is stopped and the rest skipped, said so."
+    )
 
 
 @dataclass
@@ -170,6 +174,22 @@ class DistributedConfig:
     profiled_ranks: Any = _opt("all", "Global ranks that run torch.profiler windows: 'all' or a list such as [0, 1].")
     timeout_s: float = _opt(
         120.0, "Timeout of the profiler's own collectives; a dead rank never freezes the others in profiler code."
+    )
+    data_parallel_size: Any = _opt(
+        "auto",
+        "Data-parallel replicas, whose samples global rates count once each: 'auto' (the strategy's sampler "
+        "replicas, anemoi's model groups, else the world size) or an integer dividing the world size.",
+    )
+    item_counting: str = _opt(
+        "replica",
+        "How global items/s count length_fn's items: 'replica' (every rank of a replica holds the same items, "
+        "as under tensor parallelism: once per replica) or 'rank' (each rank holds its own slice, as anemoi's "
+        "sharded grids: summed over ranks).",
+    )
+    straggler: bool = _opt(
+        True,
+        "Time each rank's wait for the gradient all-reduce (a DDP communication hook doing the same all-reduce) "
+        "to name the rank the others wait for.",
     )
 
 
@@ -261,12 +281,16 @@ class ProfilerConfig:
             checks.append((f"throughput.{name}", value is None or ":" in value, "null or 'package.module:function'"))
         ranks = self.distributed.profiled_ranks
         ranks_ok = ranks == "all" or (
-            isinstance(ranks, Iterable)
-            and not isinstance(ranks, str)
-            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
+            isinstance(ranks, Iterable) and not isinstance(ranks, str) and all(_is_integer(r) and r >= 0 for r in ranks)
         )
         checks.append(("distributed.profiled_ranks", ranks_ok, "'all' or a list of global ranks >= 0"))
         checks.append(("hta.time_limit_s", self.hta.time_limit_s > 0, "a number of seconds > 0"))
+        checks.append(("hta.memory_limit_mb", self.hta.memory_limit_mb > 0, "a number of MB > 0"))
+        replicas = self.distributed.data_parallel_size
+        replicas_ok = replicas == "auto" or (_is_integer(replicas) and replicas >= 1)
+        checks.append(("distributed.data_parallel_size", replicas_ok, "'auto' or an integer >= 1"))
+        counting_ok = self.distributed.item_counting in ITEM_COUNTING
+        checks.append(("distributed.item_counting", counting_ok, " or ".join(repr(c) for c in ITEM_COUNTING)))
         checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
         for key, ok, allowed in checks:
             if not ok:
@@ -379,6 +403,10 @@ def _value_at(config: ProfilerConfig, key: str) -> Any:
     for part in key.split("."):
         node = getattr(node, part)
     return node
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _first_line(text: str) -> str:

@@ -20,10 +20,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..layout import HTA_SUMMARY_FILE
+from ..report import MB
 from . import hta_worker
 from .hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
 from .preflight import (
@@ -37,6 +42,9 @@ from .preflight import (
 
 HTA_INSTALL_HINT = 'pip install "anemoi-profiler[hta]"'
 DEFAULT_TIME_LIMIT_S = 300.0
+DEFAULT_MEMORY_LIMIT_MB = 8000.0
+POLL_S = 0.1
+"""How often the worker's time and resident memory are checked."""
 LOG_FILE = "hta.log"
 
 NO_GPU_KERNELS = "no GPU kernels in the trace (CPU-only profile)"
@@ -80,39 +88,68 @@ def plan_analyses(check: WindowCheck) -> tuple[list[str], dict[str, str]]:
     return [name for name in ANALYSIS_NAMES if name not in skipped], skipped
 
 
-def analyze_window(folder: Path, out_dir: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> dict[str, Any]:
-    """Analyse one trace folder (one file per rank); raise TraceError naming a corrupt file."""
-    deadline = time.monotonic() + time_limit_s
-    check = check_window(Path(folder))
+@dataclass(frozen=True)
+class Limits:
+    """What the analyses of one call may use together: seconds in all, and resident memory of the HTA process."""
+
+    time_limit_s: float
+    memory_limit_mb: float | None
+    deadline: float
+    """`time.monotonic()` at which what is left is skipped."""
+
+    @classmethod
+    def starting_now(cls, time_limit_s: float, memory_limit_mb: float | None) -> Limits:
+        return cls(time_limit_s, memory_limit_mb, time.monotonic() + time_limit_s)
+
+
+def analyze_window(
+    folder: Path,
+    out_dir: Path,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    memory_limit_mb: float | None = None,
+    ranks: Collection[int] | None = None,
+) -> dict[str, Any]:
+    """Analyse one trace folder (one file per rank; of `ranks` only, when given); raise TraceError naming a
+    corrupt file."""
+    limits = Limits.starting_now(time_limit_s, memory_limit_mb)
+    check = check_window(Path(folder), ranks)
     require_hta()
-    return _analyze_checked(check, Path(out_dir), deadline, time_limit_s, window="")
+    return _analyze_checked(check, Path(out_dir), limits, window="")
 
 
-def analyze(target: Path, out_dir: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> dict[str, Any]:
-    """Analyse every window of a run folder, or one plain trace folder, within one time limit in all.
+def analyze(
+    target: Path,
+    out_dir: Path,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    memory_limit_mb: float | None = None,
+    ranks: Collection[int] | None = None,
+) -> dict[str, Any]:
+    """Analyse every window of a run folder, or one plain trace folder, within one time limit in all; the HTA
+    process is stopped past `memory_limit_mb` of resident memory. `ranks` picks the ranks analysed.
 
     Every file is checked before HTA starts, so that a corrupt file fails in seconds, not after minutes.
     """
     started = time.monotonic()
+    limits = Limits.starting_now(time_limit_s, memory_limit_mb)
     target, out_dir = Path(target), Path(out_dir)
     windows = find_window_dirs(target)
     if not windows:
         raise NoTracesError(f"no trace files (*.json, *.json.gz) in {target} or below it")
-    checks = [check_window(folder) for folder in windows]
+    checks = [check_window(folder, ranks) for folder in windows]
     require_hta()
     summaries = []
     metrics: dict[str, float] = {}
     for check in checks:
         name = window_name(check.folder, target)
-        window = _analyze_checked(
-            check, out_dir / name if name else out_dir, started + time_limit_s, time_limit_s, window=name
-        )
+        window = _analyze_checked(check, out_dir / name if name else out_dir, limits, window=name)
         summaries.append(window)
         metrics.update(_prefixed(window["metrics"], name))
     summary = {
         "target": str(target),
         "out_dir": str(out_dir),
         "time_limit_s": time_limit_s,
+        "memory_limit_mb": memory_limit_mb,
+        "peak_rss_mb": max((window.get("peak_rss_mb", 0.0) for window in summaries), default=0.0),
         "seconds": round(time.monotonic() - started, 2),
         "windows": summaries,
         "metrics": metrics,
@@ -140,9 +177,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _analyze_checked(
-    check: WindowCheck, out_dir: Path, deadline: float, time_limit_s: float, window: str
-) -> dict[str, Any]:
+def _analyze_checked(check: WindowCheck, out_dir: Path, limits: Limits, window: str) -> dict[str, Any]:
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_previous_results(out_dir)
@@ -161,8 +196,8 @@ def _analyze_checked(
         "analysis_seconds": {},
     }
     if to_run:
-        records, timed_out, exit_code = _run_worker(check, to_run, out_dir, deadline)
-        _merge_records(summary, to_run, records, timed_out, exit_code, time_limit_s)
+        records, stopped, exit_code, summary["peak_rss_mb"] = _run_worker(check, to_run, out_dir, limits)
+        _merge_records(summary, to_run, records, stopped, exit_code)
     summary["tables"] = [name for name in TABLE_NAMES if (out_dir / f"{name}.csv").exists()]
     summary["seconds"] = round(time.monotonic() - started, 2)
     write_summary(out_dir, summary)
@@ -170,15 +205,16 @@ def _analyze_checked(
 
 
 def _run_worker(
-    check: WindowCheck, to_run: list[str], out_dir: Path, deadline: float
-) -> tuple[list[dict[str, Any]], bool, int | None]:
-    """Run the analyses in a child process in its own process group; kill the group at the deadline.
+    check: WindowCheck, to_run: list[str], out_dir: Path, limits: Limits
+) -> tuple[list[dict[str, Any]], str | None, int | None, float]:
+    """Run the analyses in a child process in its own process group; kill the group at the deadline or past
+    the memory limit (watched every `POLL_S`: an address-space limit would break numpy). Returns the records,
+    why it was stopped (None when it ended by itself), its exit code and its peak resident memory (MB).
 
     The worker runs as a script, not with `-m`: that would import `anemoi_profiler` (torch, Lightning)
     first and spend seconds of the time limit before HTA starts."""
-    timeout = deadline - time.monotonic()
-    if timeout <= 0:
-        return [], True, None
+    if limits.deadline <= time.monotonic():
+        return [], _time_limit(limits), None, 0.0
     plan = {
         "folder": str(check.folder),
         "out_dir": str(out_dir),
@@ -190,7 +226,7 @@ def _run_worker(
     }
     progress = out_dir / PROGRESS_FILE
     progress.unlink(missing_ok=True)
-    timed_out = False
+    stopped, peak_mb = None, 0.0
     with (out_dir / LOG_FILE).open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, hta_worker.__file__],
@@ -201,9 +237,16 @@ def _run_worker(
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            process.communicate(json.dumps(plan).encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # a worker that died at once: its exit code says why
+                process.stdin.write(json.dumps(plan).encode())
+                process.stdin.close()
+            while stopped is None and not _ended(process):
+                peak_mb = max(peak_mb, _resident_mb(process.pid))
+                if time.monotonic() >= limits.deadline:
+                    stopped = _time_limit(limits)
+                elif limits.memory_limit_mb and peak_mb > limits.memory_limit_mb:
+                    stopped = f"memory limit of {limits.memory_limit_mb:g} MB reached (hta.memory_limit_mb)"
         finally:  # also on KeyboardInterrupt: the child is in its own session and would outlive us
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -211,16 +254,41 @@ def _run_worker(
                 process.wait()
     records = _read_progress(progress)
     progress.unlink(missing_ok=True)
-    return records, timed_out, None if timed_out else process.returncode
+    return records, stopped, None if stopped else process.returncode, round(peak_mb, 1)
+
+
+def _ended(process: subprocess.Popen[bytes]) -> bool:
+    try:
+        process.wait(POLL_S)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _resident_mb(pid: int) -> float:
+    """Resident memory of the worker and its children (HTA parses traces in a process pool)."""
+    try:
+        worker = psutil.Process(pid)
+        processes = [worker, *worker.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total / MB
+
+
+def _time_limit(limits: Limits) -> str:
+    return f"time limit of {limits.time_limit_s:g} s reached"
 
 
 def _merge_records(
     summary: dict[str, Any],
     to_run: list[str],
     records: list[dict[str, Any]],
-    timed_out: bool,
+    stopped: str | None,
     exit_code: int | None,
-    time_limit_s: float,
 ) -> None:
     for record in records:
         if "warning" in record:
@@ -240,8 +308,8 @@ def _merge_records(
     for name in to_run:
         if name in finished:
             continue
-        if timed_out:
-            summary["skipped"][name] = f"time limit of {time_limit_s:g} s reached"
+        if stopped:
+            summary["skipped"][name] = stopped
         elif LOAD_STEP in summary["failed"]:
             summary["skipped"][name] = "HTA could not load the traces"
         else:

@@ -12,7 +12,7 @@ import gzip
 import json
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ MEMORY_COPY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memse
 CUDA_SYNC_CATEGORY = "cuda_sync"
 MAX_NCCL_NAMES_KEPT = 20
 _PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_HEAD_RANK = re.compile(r'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d+)')
+_HEAD_CHARS = 1 << 16
 _NUMBER = re.compile(r"(\d+)")
 
 
@@ -190,15 +192,48 @@ def window_name(folder: Path, target: Path) -> str:
     return "" if relative == Path() else relative.as_posix()
 
 
-def check_window(folder: Path) -> WindowCheck:
-    """Read every trace file of a folder; raise TraceError naming the first unreadable one."""
+def check_window(folder: Path, ranks: Collection[int] | None = None) -> WindowCheck:
+    """Read every trace file of a folder (of `ranks` only, when given); raise TraceError naming the first
+    unreadable one. A rank's file is picked by the rank in its head, so the others are never read whole."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NoTracesError(f"no such folder: {folder}")
     paths = trace_files_in(folder)
     if not paths:
         raise NoTracesError(f"no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)}) in {folder}")
-    return WindowCheck(folder=folder, files=[read_trace_info(path) for path in paths])
+    if ranks is not None:
+        paths = [path for path in paths if rank_in_head(path) in (*ranks, None)]
+    files = [read_trace_info(path) for path in paths]
+    if ranks is not None:
+        files = [info for info in files if (info.rank or 0) in ranks]
+        if not files:
+            raise NoTracesError(f"no trace of ranks {format_ranks(ranks)} in {folder}")
+    return WindowCheck(folder=folder, files=files)
+
+
+def rank_in_head(path: Path) -> int | None:
+    """`distributedInfo.rank` when the trace names it before its events (torch writes its metadata first)."""
+    try:
+        with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as stream:
+            head = stream.read(_HEAD_CHARS)
+    except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError):
+        return None  # the full read names the problem
+    events = head.find('"traceEvents"')
+    match = _HEAD_RANK.search(head if events < 0 else head[:events])
+    return int(match.group(1)) if match else None
+
+
+def parse_ranks(text: str) -> list[int]:
+    """`0-7,12` -> [0, ..., 7, 12]; ValueError naming the part that is no rank or range."""
+    ranks: set[int] = set()
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+            raise ValueError(f"{part!r} is no rank or range of ranks (like 0-7)")
+        ranks.update(range(int(first), int(last or first) + 1))
+    if not ranks:
+        raise ValueError(f"{text!r} names no rank")
+    return sorted(ranks)
 
 
 def read_trace_info(path: Path) -> TraceFileInfo:

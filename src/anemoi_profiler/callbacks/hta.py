@@ -1,7 +1,8 @@
 """Holistic Trace Analysis of the run's own traces, after fit, without leaving MLflow.
 
-Runs on rank 0 once every rank has finished writing its traces (a barrier on the profiler's own group),
-in a child process with a time limit (see `analysis`), so the training never fails because of analysis.
+Runs on rank 0 after the session's last exchange, when every rank has written its traces and the others are
+free to exit, in a child process with a time and a memory limit (see `analysis`), so the training never fails
+because of analysis.
 Whatever happens, `hta/summary.json` says what ran, what was skipped and why.
 """
 
@@ -24,21 +25,26 @@ class HtaCallback(ProfilerCallback):
     """Put it after TorchProfilerCallback (build_callbacks does), so the traces are complete when it runs."""
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
-        if not self.session.failed:
-            self.session.exchange.gather([0.0])  # every rank has written its traces
-        if not self.session.is_global_zero or self.session.run_dir is None:
-            return None, {}
+        if self.session.is_global_zero and self.session.run_dir is not None:
+            step = trainer_info.global_step(trainer)
+            self.session.after_release(lambda: self._analyze(step))
+        return None, {}
+
+    def _analyze(self, step: int) -> ReportSection:
+        """Every rank has written its traces (the session's last exchange) and is free to exit."""
+        assert self.session.run_dir is not None
         out_dir = self.session.run_dir / HTA_DIR
+        options = self.config.hta
         try:
-            summary = analyze(self.session.run_dir, out_dir, self.config.hta.time_limit_s)
+            summary = analyze(self.session.run_dir, out_dir, options.time_limit_s, options.memory_limit_mb)
         except (NoTracesError, HtaNotInstalledError, TraceError) as error:
             reason = " ".join(str(error).split())
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / HTA_SUMMARY_FILE).write_text(json.dumps({"ran": [], "skipped": {"all": reason}}, indent=2))
             log.warning("anemoi-profiler: HTA skipped: %s", reason)
-            return ReportSection.key_values("HTA", {"skipped": (reason, "")}), {}
-        self.session.log_metrics(summary["metrics"], trainer_info.global_step(trainer))
-        return self._section(summary), {}
+            return ReportSection.key_values("HTA", {"skipped": (reason, "")})
+        self.session.log_metrics(summary["metrics"], step)
+        return self._section(summary)
 
     @staticmethod
     def _section(summary: dict[str, Any]) -> ReportSection:

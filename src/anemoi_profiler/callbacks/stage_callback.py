@@ -11,7 +11,9 @@ import logging
 from typing import Any
 
 from ..run.intervals import Lap, RankTotals, StageMeter
+from ..run.loop_timer import LoopTimer
 from .base import ProfilerCallback, guarded
+from .markers import insert_marks, remove_marks
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +36,37 @@ class StageCallback(ProfilerCallback):
             counts=type(self).count_batch is not StageCallback.count_batch,
             has_extras=type(self).lap_extras is not StageCallback.lap_extras,
         )
+        if self.drives:
+            clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
+            self._install_timers(trainer)
         for hook in _DRIVING_HOOKS:
             if not self.drives:
                 setattr(self, hook, None)  # Lightning skips a hook that is not callable
             elif hook in self.__dict__ and self.__dict__[hook] is None:
                 del self.__dict__[hook]  # a callback reused in a later fit may drive this time
+
+    def _install_timers(self, trainer: Any) -> None:
+        """The loop timer in place of the trainer's profiler (it times the fetches) and the callback marks.
+
+        A trainer without either (a stand-in) gets neither: its data wait is then not assessed."""
+        if getattr(trainer, "profiler", None) is None or not isinstance(getattr(trainer, "callbacks", None), list):
+            return
+        timer = LoopTimer(trainer.profiler, self.clock.gaps.fetched)
+        trainer.profiler = timer
+        marks = insert_marks(trainer, self.clock.gaps)
+        self.clock.gaps.loop_timer = timer
+        ours = [c for c in trainer.callbacks if getattr(c, "session", None) is self.session or c in marks]
+        self.clock.gaps.own_state_keys = frozenset(callback.state_key for callback in ours)
+        self._installed = (trainer, timer, marks)
+
+    def stop_background_work(self) -> None:
+        installed, self._installed = getattr(self, "_installed", None), None
+        if installed is None:
+            return
+        trainer, timer, marks = installed
+        if trainer.profiler is timer:
+            trainer.profiler = timer.wrapped
+        remove_marks(trainer, marks)
 
     # ---- what subclasses provide ----
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
@@ -46,7 +74,11 @@ class StageCallback(ProfilerCallback):
         return 0, 0
 
     def lap_extras(self, stage: str) -> dict[str, float]:
-        """Host-side readings taken at the end of each interval (e.g. peak memory)."""
+        """Host-side readings taken at the end of each interval (e.g. peak memory), logged as they are."""
+        return {}
+
+    def rank_values(self, stage: str) -> dict[str, float]:
+        """This rank's values for `RankTotals` fields, set on each interval it exchanges (e.g. peaks)."""
         return {}
 
     def first_train_batch(self, batch: Any, ended: bool) -> None:
@@ -90,6 +122,11 @@ class StageCallback(ProfilerCallback):
             )
 
     # ---- hooks: the driving callback forwards them to the clock ----
+    @guarded
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.drives:  # the strategy has wrapped the model now
+            self.clock.gradient_sync.register(trainer)
+
     @guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:

@@ -66,8 +66,12 @@ class ThroughputCallback(StageCallback):
         device = trainer_info.root_device(trainer)
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.peak_flops = options.device_peak_flops or dense_peak_flops(device_name, trainer_info.precision(trainer))
-        self.flops_per_sample = options.flops_per_sample
+        # This rank's share of a sample's FLOPs: a configured figure is the whole model's, split over a replica's
+        # ranks; a measured one is already what this rank computes.
+        configured = options.flops_per_sample
+        self.flops_per_sample = configured / self.session.parallelism.ranks_per_replica if configured else None
         self._flop_counter: Any = None
+        self._pl_module = pl_module  # configure_model shards it in place after this hook
 
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
         samples = self._call_counter("batch_size_fn", self.batch_size_fn, batch) if self.batch_size_fn else None
@@ -107,16 +111,30 @@ class ThroughputCallback(StageCallback):
                 counter.__exit__(None, None, None)
                 samples = self.count_batch("train", batch)[0]
                 if samples and counter.get_total_flops():
-                    self.flops_per_sample = counter.get_total_flops() / samples
+                    self.flops_per_sample = counter.get_total_flops() / samples / self._global_shape_share()
         except Exception as error:  # MFU is left out; the rates are still measured
             self._flop_counter = None
             self._warn_once("flops", f"could not count FLOPs ({type(error).__name__}: {error}); MFU not reported")
+
+    def _global_shape_share(self) -> int:
+        """Torch's FLOP counter sees DTensor operations with their global shapes: under tensor parallelism each
+        rank would be credited the whole replica's FLOPs, so each gets its share. FSDP2 alone gathers whole
+        parameters before its operators and anemoi's model groups shard plain tensors: their counts are local."""
+        per_replica = self.session.parallelism.ranks_per_replica
+        if per_replica == 1 or self._pl_module is None:
+            return 1
+        from torch.distributed.tensor import DTensor
+
+        return per_replica if any(isinstance(p, DTensor) for p in self._pl_module.parameters()) else 1
 
     def _should_measure_flops(self) -> bool:
         options = self.config.throughput
         return bool(options.measure_flops and self.peak_flops and self.flops_per_sample is None)
 
     # ---- metrics ----
+    def rank_values(self, stage: str) -> dict[str, float]:
+        return {"flops_per_sample": self.flops_per_sample or 0.0}
+
     def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
         if not self.session.is_global_zero:
             return
@@ -137,20 +155,29 @@ class ThroughputCallback(StageCallback):
         return metrics
 
     def _global_rates(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
-        """The true sum of every rank's rate (ranks measured over the same intervals)."""
+        """Every rank's rate over the same intervals, summed, with each data-parallel replica's samples once.
+
+        The ranks of a replica (tensor parallel, anemoi's model groups) see the same batches and samples, so the
+        sum over ranks is divided by the ranks per replica; items too, unless each rank holds its own slice
+        (`distributed.item_counting=rank`). MFU sums each rank's own FLOPs against every rank's peak.
+        """
         timed = [rank for rank in ranks if rank.elapsed_s > 0]
         if not timed:
             return {}
+        per_replica = self.session.parallelism.ranks_per_replica
+        items_per_replica = per_replica if self.config.distributed.item_counting == "replica" else 1
         prefix = f"throughput/{stage}"
-        metrics = {f"{prefix}/batches_per_sec": sum(r.batches / r.elapsed_s for r in timed)}
-        samples_per_sec = sum(r.samples / r.elapsed_s for r in timed)
+        metrics = {f"{prefix}/batches_per_sec": sum(r.batches / r.elapsed_s for r in timed) / per_replica}
+        samples_per_sec = sum(r.samples / r.elapsed_s for r in timed) / per_replica
         if samples_per_sec:
             metrics[f"{prefix}/samples_per_sec"] = samples_per_sec
-        items_per_sec = sum(r.items / r.elapsed_s for r in timed)
+        items_per_sec = sum(r.items / r.elapsed_s for r in timed) / items_per_replica
         if items_per_sec:
             metrics[f"{prefix}/items_per_sec"] = items_per_sec
-        if stage == "train" and samples_per_sec and self.flops_per_sample and self.peak_flops:
-            metrics[f"{prefix}/mfu"] = samples_per_sec * self.flops_per_sample / (self.peak_flops * len(ranks))
+        if stage == "train" and self.peak_flops and all(r.flops_per_sample for r in timed):
+            achieved = sum(r.flops_per_sample * r.samples / r.elapsed_s for r in timed)
+            if achieved:
+                metrics[f"{prefix}/mfu"] = achieved / (self.peak_flops * len(ranks))
         return metrics
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
@@ -175,8 +202,11 @@ class ThroughputCallback(StageCallback):
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
         if not values or not self.session.is_global_zero:
             return None, {}
+        parallelism = self.session.parallelism
         note = (
             f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
-            f"training time; global = sum over {self.world_size} rank(s), device = rank {self.session.global_rank}."
+            f"training time. Global: every rank's rate summed over {self.world_size} rank(s), each of the "
+            f"{parallelism.data_parallel_size} data-parallel replica(s) of {parallelism.ranks_per_replica} rank(s) "
+            f"counted once ({parallelism.source}); device: rank {self.session.global_rank}."
         )
         return ReportSection.key_values("Throughput", values, note), summary

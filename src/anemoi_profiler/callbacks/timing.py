@@ -15,6 +15,14 @@ import torch
 from ..report import MB, ReportSection
 from ..run import trainer_info
 from ..run.intervals import STAGES, Lap, RankTotals
+from ..run.rank_figures import (
+    MEMORY_PEAKS,
+    collective_wait_figures,
+    describe_ranks,
+    gap_figures,
+    memory_figures,
+    step_figures,
+)
 from .stage_callback import StageCallback
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -46,7 +54,7 @@ class ResidentMemory:
 
 
 class StepTimingCallback(StageCallback):
-    """Logs `time/{train,val}/step_ms`, `time/train/dataloader_wait_ms` and `memory/...` per interval."""
+    """Logs `time/{train,val}/step_ms`, data and collective waits and `memory/...` per interval (see `rank_figures`)."""
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_session_start(trainer, pl_module)
@@ -54,6 +62,7 @@ class StepTimingCallback(StageCallback):
         self.cuda_device = device if device.type == "cuda" else None
         self.resident = ResidentMemory()
         self.peaks: dict[str, float] = {}
+        self._readings: dict[str, float] = {}
         if self.cuda_device is not None:
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
 
@@ -67,7 +76,14 @@ class StepTimingCallback(StageCallback):
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
         for key, value in extras.items():
             self.peaks[key] = max(self.peaks.get(key, 0.0), value)
+        self._readings = extras
         return extras
+
+    def rank_values(self, stage: str) -> dict[str, float]:
+        """The peaks just read, for every rank's `_max` figures."""
+        if stage != "train":
+            return {}
+        return {field: self._readings[key] for field, key in MEMORY_PEAKS.items() if key in self._readings}
 
     def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
         if not self.session.is_global_zero:
@@ -81,22 +97,15 @@ class StepTimingCallback(StageCallback):
             self.session.log_metrics(self._across_ranks(stage, ranks), laps[-1][0].step)
 
     def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
-        """Mean step time over ranks, and with several ranks the spread and the slowest rank."""
-        step_ms = [rank.step_ms for rank in ranks]
-        measured = [ms for ms in step_ms if ms > 0]
-        if not measured:
-            return {}
-        metrics = {f"time/{stage}/step_ms": sum(measured) / len(measured)}
-        if stage == "train":
-            waits = [r.wait_s / r.batches * 1000 for r in ranks if r.batches]
-            metrics["time/train/dataloader_wait_ms"] = sum(waits) / len(waits)
-        if len(ranks) > 1:
-            metrics[f"time/{stage}/step_ms_min"] = min(measured)
-            metrics[f"time/{stage}/step_ms_max"] = max(measured)
-            metrics[f"throughput/{stage}/slowest_rank"] = float(step_ms.index(max(step_ms)))
+        metrics = step_figures(stage, ranks)
+        if metrics:
+            metrics |= gap_figures(stage, ranks)
+        if stage == "train" and metrics:
+            metrics |= collective_wait_figures(ranks) | memory_figures(ranks)
         return metrics
 
     def stop_background_work(self) -> None:
+        super().stop_background_work()
         if hasattr(self, "resident"):
             self.resident.close()
 
@@ -106,9 +115,9 @@ class StepTimingCallback(StageCallback):
         for stage in STAGES:
             across = self._across_ranks(stage, self.gathered_totals(stage))
             for key, value in across.items():
-                name = key.split("/", 1)[1]
+                name = key if key.startswith("memory/") else key.split("/", 1)[1]
                 summary[f"summary/{name}"] = value
-                values[name] = (int(value), "") if name.endswith("slowest_rank") else (value, "ms")
+                values[name] = _with_unit(name, value)
         train = self.totals["train"]
         if train.elapsed_s > 0:
             values["train/dataloader_wait_share"] = (train.wait_s / train.elapsed_s * 100, "%")
@@ -117,4 +126,44 @@ class StepTimingCallback(StageCallback):
             summary[f"summary/{key}"] = value
         if not values or not self.session.is_global_zero:
             return None, {}
-        return ReportSection.key_values("Step time and memory", values), summary
+        callbacks = self.clock.gaps.callbacks_ms()
+        if callbacks:
+            values["other callbacks between steps (sampled)"] = (_named(callbacks), "")
+        self.session.add_section(self._ranks_section(summary))
+        note = (
+            "Per batch: step = the whole cadence; within it, data wait = the fetch from the dataloader, callbacks = "
+            "other callbacks' batch hooks between the steps, loop = Lightning's loop between batches."
+        )
+        return ReportSection.key_values("Step time and memory", values, note), summary
+
+    def _ranks_section(self, summary: dict[str, float]) -> ReportSection | None:
+        """How ranks share the work and who waits for whom, with host names; data the diagnosis reads too."""
+        session = self.session
+        if session.world_size < 2:
+            return None
+        parallelism, hosts = session.parallelism, session.hosts
+        values: dict[str, tuple[Any, str]] = {
+            "world size": (session.world_size, ""),
+            "data-parallel replicas": (f"{parallelism.data_parallel_size} (from {parallelism.source})", ""),
+            "hosts": (describe_ranks(hosts), ""),
+        }
+        reason = self.clock.gradient_sync.not_assessed
+        values["collective wait"] = (f"not assessed: {reason}" if reason else "measured per optimizer step", "")
+        for label, key in (
+            ("the rank the others wait for", "summary/train/slowest_rank"),
+            ("largest data wait on", "summary/train/dataloader_slowest_rank"),
+        ):
+            if key in summary:
+                rank = int(summary[key])
+                values[label] = (f"rank {rank} ({hosts[rank] if rank < len(hosts) else 'host unknown'})", "")
+        return ReportSection.key_values("Ranks", values)
+
+
+def _named(milliseconds: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f} ms" for name, value in list(milliseconds.items())[:5])
+
+
+def _with_unit(name: str, value: float) -> tuple[Any, str]:
+    if name.endswith("_rank"):
+        return int(value), ""
+    return value, "MB" if name.startswith("memory/") else "ms"

@@ -23,6 +23,7 @@ from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
 from ..run import trainer_info
 from ..run.intervals import STAGES
+from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
@@ -249,7 +250,7 @@ class TorchProfilerCallback(ProfilerCallback):
 
 def _torch_based_profiler(trainer: Any) -> str | None:
     """Name of a Lightning profiler on the trainer that runs torch.profiler itself, if any."""
-    profiler = getattr(trainer, "profiler", None)
+    profiler = unwrapped(getattr(trainer, "profiler", None))
     name = type(profiler).__name__
     return name if name == "PyTorchProfiler" or hasattr(profiler, "_profiler_kwargs") else None
 

@@ -42,9 +42,15 @@ communication is exposed."""
 COMM_KERNEL_SHARE_MIN_PCT = 10.0
 """Communication kernels' share of GPU kernel time below which exposed communication is not worth acting on."""
 COMM_KERNEL_SHARE_HIGH_PCT = 30.0
-SLOW_RANK_RATIO = 1.15
-"""Slowest rank's step time over the mean over ranks above which one rank holds the others back."""
-SLOW_RANK_RATIO_HIGH = 1.5
+STRAGGLER_SHARE = 0.10
+"""How long the other ranks wait for the slowest one per optimizer step, as a share of the step, above which
+one rank holds the others back."""
+STRAGGLER_SHARE_HIGH = 0.30
+DATA_EXPLAINS_STRAGGLER = 0.5
+"""Share of the straggler's lead that its own extra data wait must cover to be named as the cause."""
+CALLBACKS_SHARE = 0.15
+"""Share of training step time in other callbacks' batch hooks between the steps above which they slow it."""
+CALLBACKS_SHARE_HIGH = 0.40
 MEMORY_NEAR_LIMIT = 0.90
 """Peak reserved (or allocated) memory over device memory above which the run is near out-of-memory."""
 MEMORY_HEADROOM = 0.50
@@ -79,9 +85,18 @@ Outcome = Verdict | NotAssessed | None
 
 
 def dataloader_bound(run: RunData) -> Outcome:
-    step_ms, wait_ms = run.typical("time/train/step_ms"), run.typical("time/train/dataloader_wait_ms")
-    if not step_ms or wait_ms is None:
+    """On the measured fetch time; with several ranks the rank that waits longest, which sets everyone's pace."""
+    step_ms = run.typical("time/train/step_ms")
+    if not step_ms:
         return NotAssessed("no training step times: timing off, or no batch after the warmup")
+    wait_ms, where = run.typical("time/train/dataloader_wait_ms_max"), ""
+    if wait_ms is not None:
+        rank = run.summary("train/dataloader_slowest_rank")
+        where = f" on rank {rank:.0f}" if rank is not None else ""
+    else:
+        wait_ms = run.typical("time/train/dataloader_wait_ms")
+    if wait_ms is None:
+        return NotAssessed("the fetch from the dataloader was not timed (see docs/metrics.md)")
     share = wait_ms / step_ms
     if share < DATALOADER_WAIT_SHARE:
         return None
@@ -90,7 +105,8 @@ def dataloader_bound(run: RunData) -> Outcome:
     return Verdict(
         "dataloader-bound",
         "high" if share >= DATALOADER_WAIT_SHARE_HIGH else "medium",
-        f"{share:.0%} of training step time waits for data ({wait_ms:.1f} of {step_ms:.1f} ms per batch{source})",
+        f"{share:.0%} of training step time waits for data{where} ({wait_ms:.1f} of {step_ms:.1f} ms per "
+        f"batch{source})",
         "The training loop waits for the next batch: the input pipeline, not the model, sets the pace.",
         "Raise the DataLoader's num_workers (about one per free CPU core), set pin_memory=True and "
         "persistent_workers=True (prefetch_factor for bursty loading); move decoding and augmentation out of "
@@ -170,22 +186,70 @@ def communication_bound(run: RunData) -> Outcome:
     )
 
 
+def callback_bound(run: RunData) -> Outcome:
+    """Other callbacks' batch hooks between the steps (EMA, image logging, a checkpoint every step)."""
+    step_ms, callbacks_ms = run.typical("time/train/step_ms"), run.typical("time/train/callbacks_ms")
+    if not step_ms or callbacks_ms is None:
+        return NotAssessed("no callback times: timing off, or no batch after the warmup")
+    share = callbacks_ms / step_ms
+    if share < CALLBACKS_SHARE:
+        return None
+    named = (
+        (run.sections.get("Step time and memory") or {}).get("data", {}).get("other callbacks between steps (sampled)")
+    )
+    which = f": {named}" if named else ""
+    return Verdict(
+        "callback-bound",
+        "high" if share >= CALLBACKS_SHARE_HIGH else "medium",
+        f"{share:.0%} of training step time is spent in other callbacks' batch hooks ({callbacks_ms:.1f} of "
+        f"{step_ms:.1f} ms per batch{which})",
+        "Callbacks run on the training thread between the steps: the loop waits for them every batch.",
+        "Make them cheaper or rarer: log images, run EMA updates and validation metrics every N batches, save "
+        "checkpoints every N steps (ModelCheckpoint(every_n_train_steps=...)), move I/O to a background thread.",
+    )
+
+
 def slow_rank(run: RunData) -> Outcome:
-    mean_ms, max_ms = run.typical("time/train/step_ms"), run.typical("time/train/step_ms_max")
-    if max_ms is None or not mean_ms:
-        return NotAssessed("one rank")
-    ratio = max_ms / mean_ms
-    if ratio < SLOW_RANK_RATIO:
+    """The rank the others wait for, from each rank's wait per optimizer step (see docs/metrics.md)."""
+    straggler_ms = run.typical("time/train/straggler_ms")
+    if straggler_ms is None:
+        ranks = (run.sections.get("Ranks") or {}).get("data") or {}
+        assessed = str(ranks.get("collective wait") or "")
+        return NotAssessed(assessed.removeprefix("not assessed: ") if assessed.startswith("not") else "one rank")
+    step_ms = run.typical("time/train/step_ms") or 0.0
+    accumulate = int(run.environment.get("accumulate_grad_batches") or 1)
+    optimizer_step_ms = step_ms * accumulate
+    share = straggler_ms / optimizer_step_ms if optimizer_step_ms else 0.0
+    if share < STRAGGLER_SHARE:
         return None
     rank = run.summary("train/slowest_rank")
-    which = f"rank {rank:.0f}" if rank is not None else "the slowest rank"
+    which = f"rank {rank:.0f}" if rank is not None else "one rank"
+    hosts = run.environment.get("hosts") or []
+    if rank is not None and int(rank) < len(hosts):
+        which += f" on {hosts[int(rank)]}"
+    data_rank = run.summary("train/dataloader_slowest_rank")
+    data_max, data_mean = run.typical("time/train/dataloader_wait_ms_max"), run.typical("time/train/dataloader_wait_ms")
+    world = int(run.environment.get("world_size") or 2)
+    extra_data_ms = (data_max - data_mean) * world / (world - 1) * accumulate if data_max and data_mean else 0.0
+    by_data = data_rank == rank and extra_data_ms >= DATA_EXPLAINS_STRAGGLER * straggler_ms
+    cause = (
+        f"; its own data wait explains it ({extra_data_ms:.1f} ms more per optimizer step than the others)"
+        if by_data
+        else "; its data loading does not explain it"
+    )
+    per_step = "optimizer step" if accumulate > 1 else "step"
     return Verdict(
         "slow rank",
-        "high" if ratio >= SLOW_RANK_RATIO_HIGH else "medium",
-        f"{which} takes {ratio - 1:.0%} longer per step than the mean ({max_ms:.1f} vs {mean_ms:.1f} ms)",
+        "high" if share >= STRAGGLER_SHARE_HIGH else "medium",
+        f"the other ranks wait {straggler_ms:.1f} ms per {per_step} for {which} ({share:.0%} of the "
+        f"{optimizer_step_ms:.1f} ms {per_step}){cause}",
         "Every collective waits for the slowest rank: the others idle, and their wait shows as communication.",
-        f"Look at {which}: its node's GPU clocks, temperature and utilisation (system metrics), its data shard "
-        "and storage, other jobs on the node; even out per-rank work (sequence lengths, padding).",
+        (
+            f"Look at the input pipeline of {which}: its data shard and storage, the DataLoader workers on its node."
+            if by_data
+            else f"Look at {which}: its node's GPU clocks, temperature and utilisation (system metrics), other "
+            "jobs on the node; even out per-rank work (sequence lengths, padding)."
+        ),
     )
 
 
@@ -254,6 +318,7 @@ def low_mfu(run: RunData) -> Outcome:
 
 CHECKS: dict[str, Callable[[RunData], Outcome]] = {
     "dataloader wait": dataloader_bound,
+    "callbacks": callback_bound,
     "host wait": host_bound,
     "communication": communication_bound,
     "rank balance": slow_rank,

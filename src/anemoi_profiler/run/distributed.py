@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,19 @@ class RankExchange:
             )
             return None
         return [tensor.tolist() for tensor in gathered]
+
+    def gather_texts(self, text: str) -> list[str]:
+        """Each rank's `text` (a host name, say), once at the start; this rank's alone when not exchanging."""
+        if self._group is None:
+            return [text]
+        texts: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(texts, text, group=self._group)
+        except Exception as error:  # as in `gather`: stop exchanging, keep training
+            self._group = None
+            log.warning("anemoi-profiler: rank %d could not exchange %r with the others: %s", self.rank, text, error)
+            return [text]
+        return [str(value) for value in texts]
 
     def close(self) -> None:
         """Destroy the group after the last exchange; its threads are joined here, not at interpreter exit.

@@ -26,6 +26,27 @@ def _elapsed_s(start: Marker, end: Marker) -> float:
 
 
 @dataclass
+class GapTimes:
+    """Where the host time outside the measured steps went, summed over batches (see `StageClock`)."""
+
+    wait_s: float = 0.0
+    """Fetching batches from the dataloader, wherever it ran (between batches, or inside a `dataloader_iter` step)."""
+    callbacks_s: float = 0.0
+    """Other callbacks' batch hooks between the steps (after ours at a batch's end, before ours at its start)."""
+    loop_s: float = 0.0
+    """The rest between batches: Lightning's loop, the batch's transfer, logging and, with several ranks, the
+    loop's per-batch stop-signal broadcast, in which a rank waits for the others."""
+    fetches: int = 0
+    """Fetches timed; none means the data wait could not be measured."""
+
+    def add(self, other: GapTimes) -> None:
+        self.wait_s += other.wait_s
+        self.callbacks_s += other.callbacks_s
+        self.loop_s += other.loop_s
+        self.fetches += other.fetches
+
+
+@dataclass
 class Lap:
     """One log interval of a stage: its counts, the global step at its end, and its time segments."""
 
@@ -33,7 +54,7 @@ class Lap:
     batches: int
     samples: int
     items: int
-    wait_s: float
+    gap: GapTimes
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
     own_work_s: float = 0.0
@@ -49,7 +70,8 @@ class RankTotals:
     """What one rank measured over some log intervals of a stage: the unit the ranks exchange.
 
     `elapsed_s` is the stage's time with the profiler's own work taken out once the ranks have exchanged
-    (see `StageClock.lap`); before that it still holds `own_work_s`.
+    (see `StageClock.lap`); before that it still holds `own_work_s`. The `PEAKS` fields keep the largest
+    value of the intervals they cover; every other field is a sum.
     """
 
     batches: float = 0.0
@@ -58,10 +80,23 @@ class RankTotals:
     wait_s: float = 0.0
     elapsed_s: float = 0.0
     own_work_s: float = 0.0
+    callbacks_s: float = 0.0
+    loop_s: float = 0.0
+    fetches: float = 0.0
+    sync_steps: float = 0.0
+    """Optimizer steps whose gradient all-reduce was timed (see `gradient_sync`)."""
+    collective_wait_s: float = 0.0
+    """Waits for the last gradient bucket's all-reduce over those steps."""
+    flops_per_sample: float = 0.0
+    """This rank's FLOPs per sample of its own work (its share under tensor parallelism); 0 when unknown."""
+    peak_allocated_mb: float = 0.0
+    peak_reserved_mb: float = 0.0
+    cpu_rss_mb: float = 0.0
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):
-            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+            mine, theirs = getattr(self, item.name), getattr(other, item.name)
+            setattr(self, item.name, max(mine, theirs) if item.name in PEAKS else mine + theirs)
 
     def to_list(self) -> list[float]:
         return [float(value) for value in astuple(self)]
@@ -74,6 +109,21 @@ class RankTotals:
     def step_ms(self) -> float:
         """Mean time per batch, 0 without batches."""
         return self.elapsed_s / self.batches * 1000 if self.batches else 0.0
+
+    def per_batch_ms(self, seconds: float) -> float:
+        """`seconds` of these intervals as milliseconds per batch, 0 without batches."""
+        return seconds / self.batches * 1000 if self.batches else 0.0
+
+    @classmethod
+    def of_lap(cls, lap: Lap, seconds: float) -> RankTotals:
+        gap = lap.gap
+        return cls(
+            lap.batches, lap.samples, lap.items, gap.wait_s, seconds, lap.own_work_s, gap.callbacks_s, gap.loop_s,
+            gap.fetches,
+        )  # fmt: skip
+
+
+PEAKS = ("flops_per_sample", "peak_allocated_mb", "peak_reserved_mb", "cpu_rss_mb")
 
 
 class StageMeter:
@@ -93,7 +143,7 @@ class StageMeter:
         self.batches = 0
         self._samples = 0
         self._items = 0
-        self._wait_s = 0.0
+        self._gap = GapTimes()
         self._pending: list[Lap] = []
 
     @property
@@ -118,11 +168,11 @@ class StageMeter:
             self._open = None
             self._own_work_s += self._own_work() - self._own_work_at_open
 
-    def count(self, samples: int, items: int, wait_s: float) -> None:
+    def count(self, samples: int, items: int, gap: GapTimes) -> None:
         self.batches += 1
         self._samples += samples
         self._items += items
-        self._wait_s += wait_s
+        self._gap.add(gap)
 
     def lap(self, step: int, extras: dict[str, float] | None = None) -> None:
         """Close the current interval (if it counted any batch) and keep the clock running."""
@@ -134,13 +184,13 @@ class StageMeter:
             self._own_work_s += now - self._own_work_at_open
             self._own_work_at_open = now
         if self.batches:
-            lap = Lap(step, self.batches, self._samples, self._items, self._wait_s, self._segments, extras or {})
+            lap = Lap(step, self.batches, self._samples, self._items, self._gap, self._segments, extras or {})
             lap.own_work_s = self._own_work_s
             self._pending.append(lap)
         self._own_work_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0
-        self._wait_s = 0.0
+        self._gap = GapTimes()
 
     def take(self, keep_newest: bool) -> list[Lap]:
         """Laps ready to be read; on CUDA the newest is kept back until the next boundary."""

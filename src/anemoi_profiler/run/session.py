@@ -8,7 +8,9 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,10 @@ from . import trainer_info
 from .distributed import RankExchange
 from .environment import collect_environment
 from .folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .own_work import OwnWorkClock
+from .parallelism import Parallelism, detect_parallelism
 from .stage_clock import StageClock
 
 log = logging.getLogger(__name__)
@@ -39,10 +43,14 @@ class ProfilerSession:
         self.global_rank = 0
         self.local_rank = 0
         self.world_size = 1
+        self.parallelism = Parallelism(1, 1, "one process")
+        self.hosts: list[str] = []
+        """Each rank's host name, by global rank."""
         self._members: set[int] = set()
         self._kept_local: set[Path] = set()
         self._report: RunReport | None = None
         self._summary_metrics: dict[str, float] = {}
+        self._after_release: list[Callable[[], ReportSection | None]] = []
         self.history = MetricHistory()
         self._started = 0.0
         self._status = "FINISHED"
@@ -107,13 +115,24 @@ class ProfilerSession:
         self.local_rank = trainer_info.local_rank(trainer)
         self.world_size = trainer_info.world_size(trainer)
         self.exchange = RankExchange(self.config.distributed.timeout_s)
+        self.hosts = self.exchange.gather_texts(socket.gethostname())
+        distributed = self.config.distributed
+        strategy = getattr(trainer, "strategy", None)
+        self.parallelism = detect_parallelism(strategy, self.world_size, distributed.data_parallel_size)
+        device = trainer_info.root_device(trainer)
         self.own_work = OwnWorkClock()
         self.stage_clock = StageClock(
-            self.config, trainer_info.root_device(trainer), self.exchange, self.own_work, lambda: not self.failed
+            self.config,
+            device,
+            self.exchange,
+            self.own_work,
+            GradientSyncTimer(device, self.parallelism.data_parallel_size, distributed.straggler),
+            lambda: not self.failed,
         )
         self._started = time.time()
         self._status = "FINISHED"
         self._summary_metrics = {}
+        self._after_release = []
         self.history = MetricHistory()
         self.run_dir = None
         self._report = None
@@ -132,6 +151,11 @@ class ProfilerSession:
         """Rank 0: create the run folder with the config and the environment; None when the disk refuses."""
         try:
             environment = collect_environment(trainer)
+            environment.update(
+                hosts=self.hosts,
+                data_parallel_size=self.parallelism.data_parallel_size,
+                data_parallel_source=self.parallelism.source,
+            )
             run_dir = create_folder(self.config, environment)
         except OSError as error:
             log.warning(
@@ -208,6 +232,7 @@ class ProfilerSession:
         steps = [
             # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
             (sink is not None, "spool the metrics", lambda: sink.spool_now()),
+            (self.is_global_zero, "finish rank 0's work", self._run_after_release),
             (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
             (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
              self._write_html_report),
@@ -226,6 +251,15 @@ class ProfilerSession:
                 action()
             except Exception as error:
                 log.warning("anemoi-profiler: could not %s: %s: %s", what, type(error).__name__, error)
+
+    def _run_after_release(self) -> None:
+        for work in self._after_release:
+            try:
+                self.add_section(work())
+            except Exception as error:
+                log.warning(
+                    "anemoi-profiler: %s failed: %s: %s", getattr(work, "__name__", work), type(error).__name__, error
+                )
 
     def _write_report(self, trainer: Any) -> None:
         assert self._report is not None and self.run_dir is not None
@@ -264,6 +298,11 @@ class ProfilerSession:
     def log_params(self, params: dict[str, Any]) -> None:
         if self.sink is not None and params:
             self.sink.log_params(params)
+
+    def after_release(self, work: Callable[[], ReportSection | None]) -> None:
+        """Rank 0's work after the last exchange, when the other ranks are free to exit (an HTA analysis, say):
+        it runs before the report is written, and its section goes in the report."""
+        self._after_release.append(work)
 
     def keep_local(self, path: Path) -> None:
         """Keep a file or folder of the run folder out of the MLflow upload (e.g. traces over the size cap)."""

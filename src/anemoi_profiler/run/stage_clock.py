@@ -4,16 +4,16 @@ Throughput and step timing read the same intervals. Measuring them once per batc
 across ranks once per log interval, keeps the per-batch cost of the profiler the same however many of
 them listen: the first listener to join drives the clock from its hooks, the others only receive laps.
 
-What a listener gets: per log interval, `Lap`s with batches, samples, items, dataloader wait and elapsed
-time, steady-state only (after `throughput.warmup_steps` training batches, never the sanity check), with
-validation time and the profiler's own work (trace export, snapshot dump) taken out of training
-intervals. The hot path per batch is two `perf_counter` calls, a few additions and a batch-size lookup;
-logging and the cross-rank exchange happen only at log intervals.
+What a listener gets: per log interval, `Lap`s with batches, samples, items, elapsed time and where the time
+between the steps went (data fetch, other callbacks, Lightning's loop: see `batch_gaps`), steady-state only
+(after `throughput.warmup_steps` training batches, never the sanity check), with validation time and the
+profiler's own work (trace export, snapshot dump) taken out of training intervals; and every rank's
+`RankTotals` over the same laps. The hot path per batch is a few `perf_counter` calls and additions and a
+batch-size lookup; logging and the cross-rank exchange happen only at log intervals.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,7 +21,9 @@ import torch
 
 from ..config import ProfilerConfig
 from . import trainer_info
+from .batch_gaps import BatchGaps
 from .distributed import RankExchange
+from .gradient_sync import GradientSyncTimer
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
 
@@ -30,6 +32,8 @@ class Listener(Protocol):
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]: ...
 
     def lap_extras(self, stage: str) -> dict[str, float]: ...
+
+    def rank_values(self, stage: str) -> dict[str, float]: ...
 
     def first_train_batch(self, batch: Any, ended: bool) -> None: ...
 
@@ -47,10 +51,12 @@ class StageClock:
         device: torch.device,
         exchange: RankExchange,
         own_work: OwnWorkClock,
+        gradient_sync: GradientSyncTimer,
         exchanges_allowed: Callable[[], bool],
     ) -> None:
         self.config = config
         self.exchange = exchange
+        self.gradient_sync = gradient_sync
         self._own_work: Callable[[], float] = lambda: own_work.total_s
         self._exchanges_allowed = exchanges_allowed
         self.meters = {stage: StageMeter(device, self._own_work) for stage in STAGES}
@@ -61,9 +67,7 @@ class StageClock:
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
         self.train_batches_seen = 0
-        self._last_batch_end: float | None = None
-        self._batch_start = 0.0
-        self._own_work_at_batch_end = 0.0
+        self.gaps = BatchGaps(self._own_work)
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
         """Add a listener; True when it is the first, which then drives the clock from its hooks."""
@@ -83,7 +87,7 @@ class StageClock:
         if self.train_batches_seen == 0:
             for listener in self.listeners:
                 listener.first_train_batch(batch, ended=False)
-        self._batch_start = time.perf_counter()
+        self.gaps.batch_started()
 
     def train_batch_end(self, trainer: Any, batch: Any) -> None:
         self.train_batches_seen += 1
@@ -91,15 +95,15 @@ class StageClock:
             for listener in self.listeners:
                 listener.first_train_batch(batch, ended=True)
         meter = self.meters["train"]
+        gap = self.gaps.batch_ended("train", sample_next_gap=meter.running and meter.batches == 0)
         if meter.running:
             samples, items = self._count("train", batch)
-            meter.count(samples, items, self._wait_before_batch())
+            meter.count(samples, items, gap)
             if meter.batches >= self.config.log_every_n_steps:
                 self.lap(trainer, "train")
         elif self.train_batches_seen == self.config.throughput.warmup_steps:
             meter.start()
-        self._last_batch_end = time.perf_counter()
-        self._own_work_at_batch_end = self._own_work()
+            self.gradient_sync.take()  # the warmup's all-reduces are not steady state
 
     def train_end(self, trainer: Any) -> None:
         self.lap(trainer, "train", final=True)
@@ -109,23 +113,22 @@ class StageClock:
     def validation_start(self, trainer: Any) -> None:
         if not trainer.sanity_checking:
             self.meters["train"].stop()
-        self._last_batch_end = None
+        self.gaps.reset()
 
     def validation_batch_start(self, trainer: Any) -> None:
-        self._batch_start = time.perf_counter()
+        self.gaps.batch_started()
         if not trainer.sanity_checking:
             self.meters["val"].start()
 
     def validation_batch_end(self, trainer: Any, batch: Any) -> None:
+        meter = self.meters["val"]
+        gap = self.gaps.batch_ended("val", sample_next_gap=False)
         if trainer.sanity_checking:
             return
-        meter = self.meters["val"]
         samples, items = self._count("val", batch)
-        meter.count(samples, items, self._wait_before_batch())
+        meter.count(samples, items, gap)
         if meter.batches >= self.config.log_every_n_steps:
             self.lap(trainer, "val")
-        self._last_batch_end = time.perf_counter()
-        self._own_work_at_batch_end = self._own_work()
 
     def validation_end(self, trainer: Any) -> None:
         if trainer.sanity_checking:
@@ -134,7 +137,7 @@ class StageClock:
         self.meters["val"].stop()
         if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
             self.meters["train"].start()
-        self._last_batch_end = None
+        self.gaps.reset()
 
     # ---- intervals ----
     def _count(self, stage: str, batch: Any) -> tuple[int, int]:
@@ -143,14 +146,6 @@ class StageClock:
             counted = count(stage, batch)
             samples, items = max(samples, counted[0]), max(items, counted[1])
         return samples, items
-
-    def _wait_before_batch(self) -> float:
-        """Host time between the previous batch's end and this batch's start, the profiler's own work taken
-        out: mostly waiting for data (other callbacks' end-of-batch work counts too)."""
-        if self._last_batch_end is None:
-            return 0.0
-        own_work = self._own_work() - self._own_work_at_batch_end
-        return max(0.0, self._batch_start - self._last_batch_end - own_work)
 
     def lap(self, trainer: Any, stage: str, final: bool = False) -> None:
         """Close the interval, exchange it across ranks and hand it to every listener."""
@@ -162,7 +157,13 @@ class StageClock:
         taken = [(lap, lap.measured_s()) for lap in meter.take(keep_newest=not final)]
         local = RankTotals()
         for lap, seconds in taken:
-            local.add(RankTotals(lap.batches, lap.samples, lap.items, lap.wait_s, seconds, lap.own_work_s))
+            local.add(RankTotals.of_lap(lap, seconds))
+        if stage == "train":
+            local.collective_wait_s, sync_steps = self.gradient_sync.take()
+            local.sync_steps = float(sync_steps)
+        for listener in self.listeners:
+            for name, value in listener.rank_values(stage).items():
+                setattr(local, name, value)
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = self._gather(local)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time.

@@ -1,0 +1,99 @@
+"""Where the host time between two measured batches goes: data fetch, other callbacks, Lightning's loop.
+
+The gap from our `on_batch_end` to our next `on_batch_start` holds, in order: the other callbacks'
+`on_batch_end` that run after ours (up to the last-callback mark), Lightning's loop (logging, the per-batch
+stop-signal broadcast with several ranks, the fetch, the batch's transfer to the device), and the
+`on_batch_start` of callbacks before ours (from the first-callback mark). The fetch is timed by the
+`LoopTimer` wherever it runs: in the gap, or inside a `dataloader_iter` training step. The profiler's own work
+(a trace export in our `on_batch_end`) is taken out. Each measurement is two `perf_counter` readings; once
+per log interval one gap is sampled callback by callback, to name them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .intervals import STAGES, GapTimes
+from .loop_timer import LoopTimer
+
+
+class BatchGaps:
+    def __init__(self, own_work: Callable[[], float]) -> None:
+        self._own_work = own_work
+        self.callbacks_begin: float | None = None
+        """Set by the first-callback mark at a batch's start."""
+        self.callbacks_end: float | None = None
+        """Set by the last-callback mark at a batch's end."""
+        self.loop_timer: LoopTimer | None = None
+        self.own_state_keys: frozenset[str] = frozenset()
+        """Callbacks of the profiler itself, left out of the named breakdown."""
+        self.callback_seconds: dict[str, list[float]] = {}
+        """Per other callback's state key: [seconds in its hooks over the sampled gaps, sampled gaps]."""
+        self._fetch_s = dict.fromkeys(STAGES, 0.0)
+        self._fetches = dict.fromkeys(STAGES, 0)
+        self._last_end: float | None = None
+        self._own_work_at_end = 0.0
+        self._split = GapTimes()
+        self._sampling = False
+
+    def fetched(self, stage: str, start: float, end: float) -> None:
+        """A fetch from the stage's dataloader (called by the `LoopTimer`)."""
+        if stage in self._fetch_s:
+            self._fetch_s[stage] += end - start
+            self._fetches[stage] += 1
+
+    def batch_started(self) -> None:
+        now = time.perf_counter()
+        if self._sampling:
+            self._end_sample()
+        self._split = self._split_gap(now)
+
+    def batch_ended(self, stage: str, sample_next_gap: bool) -> GapTimes:
+        """This batch's gap and fetches; with `sample_next_gap`, the next gap is timed callback by callback."""
+        gap, self._split = self._split, GapTimes()
+        gap.wait_s, gap.fetches = self._fetch_s[stage], self._fetches[stage]
+        self._fetch_s[stage], self._fetches[stage] = 0.0, 0
+        if sample_next_gap and self.loop_timer is not None:
+            self.loop_timer.start_sample()
+            self._sampling = True
+        self._last_end = time.perf_counter()
+        self._own_work_at_end = self._own_work()
+        return gap
+
+    def reset(self) -> None:
+        """A stage starts or ends: the time across it is no batch's gap, and fetches before it are no batch's."""
+        if self._sampling:
+            self._end_sample()
+        self._last_end = self.callbacks_begin = self.callbacks_end = None
+        self._fetch_s = dict.fromkeys(STAGES, 0.0)
+        self._fetches = dict.fromkeys(STAGES, 0)
+
+    def _split_gap(self, now: float) -> GapTimes:
+        begin, end, last_end = self.callbacks_begin, self.callbacks_end, self._last_end
+        self.callbacks_begin = self.callbacks_end = None
+        if last_end is None:
+            return GapTimes()
+        own_work = self._own_work() - self._own_work_at_end  # it ran in our batch-end hook, before the others'
+        gap = max(0.0, now - last_end - own_work)
+        after_ours = max(0.0, end - last_end - own_work) if end is not None and end >= last_end else 0.0
+        before_ours = now - begin if begin is not None and begin >= last_end else 0.0
+        callbacks = min(gap, after_ours + before_ours)
+        fetched_here = sum(self._fetch_s.values())
+        return GapTimes(callbacks_s=callbacks, loop_s=max(0.0, gap - callbacks - fetched_here))
+
+    def _end_sample(self) -> None:
+        self._sampling = False
+        if self.loop_timer is None:
+            return
+        for state_key, seconds in self.loop_timer.end_sample().items():
+            if state_key not in self.own_state_keys:
+                totals = self.callback_seconds.setdefault(state_key, [0.0, 0.0])
+                totals[0] += seconds
+        for totals in self.callback_seconds.values():
+            totals[1] += 1
+
+    def callbacks_ms(self) -> dict[str, float]:
+        """Mean milliseconds per batch in each other callback's hooks between steps, largest first."""
+        means = {key: total / gaps * 1000 for key, (total, gaps) in self.callback_seconds.items() if gaps}
+        return dict(sorted(means.items(), key=lambda item: item[1], reverse=True))

@@ -1,0 +1,78 @@
+"""The trainer's profiler, stood in for: times each data fetch, and once per log interval each callback's hooks.
+
+Lightning calls `trainer.profiler.start/stop("[_TrainingEpochLoop].train_dataloader_next")` around every fetch
+from the training dataloader (also inside a `dataloader_iter` training step, from every dataloader of a
+combined loader) and `"[_EvaluationLoop].val_next"` around validation fetches, and wraps every callback hook
+in `trainer.profiler.profile("[Callback]<state key>.<hook>")`. Standing in for the profiler (the user's
+`SimpleProfiler` or `PyTorchProfiler` as well as Lightning's do-nothing default) sees both without a hook of
+our own: every call goes on to the real profiler unchanged. `profile` is the real profiler's own method
+except while a sample is taken, so the per-hook cost stays what Lightning already pays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+FETCH_ACTIONS = {
+    "[_TrainingEpochLoop].train_dataloader_next": "train",
+    "[_EvaluationLoop].val_next": "val",
+}
+CALLBACK_ACTION = "[Callback]"
+
+FetchHandler = Callable[[str, float, float], None]
+"""Called with (stage, fetch start, fetch end) as `perf_counter` readings."""
+
+
+class LoopTimer:
+    def __init__(self, profiler: Any, on_fetch: FetchHandler) -> None:
+        self.wrapped = profiler
+        self._on_fetch = on_fetch
+        self._fetch_started = 0.0
+        self.profile = profiler.profile
+        self._sample: dict[str, float] | None = None
+
+    # ---- what Lightning calls ----
+    def start(self, action_name: str) -> None:
+        if action_name in FETCH_ACTIONS:
+            self._fetch_started = time.perf_counter()
+        self.wrapped.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.wrapped.stop(action_name)
+        stage = FETCH_ACTIONS.get(action_name)
+        if stage is not None:
+            self._on_fetch(stage, self._fetch_started, time.perf_counter())
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "wrapped":  # not set yet (a copy being made): never recurse
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+    # ---- sampling the callbacks' hooks ----
+    def start_sample(self) -> None:
+        """Time every callback hook until `end_sample` (one gap between two batches, once per log interval)."""
+        self._sample = {}
+        self.profile = self._timed_profile
+
+    def end_sample(self) -> dict[str, float]:
+        """Seconds per callback state key since `start_sample`."""
+        sample, self._sample = self._sample or {}, None
+        self.profile = self.wrapped.profile
+        return sample
+
+    @contextmanager
+    def _timed_profile(self, action_name: str) -> Iterator[str]:
+        started = time.perf_counter()
+        with self.wrapped.profile(action_name) as name:
+            yield name
+        if self._sample is not None and action_name.startswith(CALLBACK_ACTION):
+            state_key = action_name[len(CALLBACK_ACTION) :].rsplit(".", 1)[0]
+            self._sample[state_key] = self._sample.get(state_key, 0.0) + time.perf_counter() - started
+
+
+def unwrapped(profiler: Any) -> Any:
+    """The user's profiler behind a `LoopTimer`."""
+    return profiler.wrapped if isinstance(profiler, LoopTimer) else profiler
