@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from pathlib import Path
 
 import mlflow
@@ -109,7 +110,6 @@ def test_tags_and_params_say_what_ran(two_runs: Path) -> None:
     assert tags["profiler.version"] == environment["packages"]["anemoi-profiler"]
     assert tags["profiler.torch"] == environment["packages"]["torch"]
     assert tags["profiler.lightning"] == environment["packages"]["lightning"]
-    assert tags.get("mlflow.source.git.commit") == environment["git_commit"]  # None outside a git checkout
     assert not [key for key in tags if key.startswith("anemoi_profiler.")]  # the old scheme is gone
     params = run.data.params
     assert params["profiler.config_hash"] == folder.name.rsplit("_", 1)[1]
@@ -121,12 +121,18 @@ def test_tags_and_params_say_what_ran(two_runs: Path) -> None:
     assert all(len(value) <= 6000 for value in params.values())
 
 
-def test_the_run_link_of_the_embedded_store_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_commit_and_the_run_link_of_the_embedded_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fit in a git checkout (the working folder) tags the run with its commit, and prints the run's link."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the user's code"], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     train, _ = loaders(n_train=32)
     trainer(build_callbacks(profiler_config(tmp_path / "runs"))).fit(TinyRegressor(), train)
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("anemoi-profiler")
     (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["mlflow.source.git.commit"] == commit
     printed = capsys.readouterr().out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'runs' / 'mlflow.db'}" in printed
     link = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
@@ -174,6 +180,17 @@ def describe(uri: str, run_id: str, spool: Path, section: str) -> str:
     sink.set_description(section)
     assert sink.close(timeout_s=60)
     return MlflowClient(uri).get_run(run_id).data.tags[DESCRIPTION]
+
+
+def test_mlflows_own_git_commit_of_the_users_run_is_kept(tmp_path: Path, sqlite_uri: str) -> None:
+    client = MlflowClient(sqlite_uri)
+    experiment_id = client.create_experiment("users")
+    run_id = client.create_run(experiment_id, tags={"mlflow.source.git.commit": "theirs"}).info.run_id
+    sink = TrackingSink(sqlite_uri, "users", tmp_path / "spool", run_id=run_id, flush_interval_s=0.1)
+    sink.set_tags({"mlflow.source.git.commit": "ours", "profiler.device": "cpu"})
+    assert sink.close(timeout_s=60)
+    tags = client.get_run(run_id).data.tags
+    assert (tags["mlflow.source.git.commit"], tags["profiler.device"]) == ("theirs", "cpu")
 
 
 def test_our_section_is_cut_to_mlflows_limit_never_the_users_text(tmp_path: Path, sqlite_uri: str) -> None:

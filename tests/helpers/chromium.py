@@ -85,6 +85,14 @@ class Browser:
     def count(self, selector: str) -> int:
         return int(self.evaluate(f"document.querySelectorAll({json.dumps(selector)}).length") or 0)
 
+    def wait_for_count(self, selector: str, at_least: int, timeout_s: float = 30.0) -> int:
+        """How many elements match `selector` once there are `at_least` (charts draw after their titles)."""
+        deadline = time.monotonic() + timeout_s
+        while (found := self.count(selector)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert found >= at_least, f"{found} elements {selector} after {timeout_s} s, expected {at_least}"
+        return found
+
     def click(self, selector: str, text: str | None = None) -> bool:
         """Click the first element matching `selector` (and holding `text`); False when there is none."""
         script = (
