@@ -169,6 +169,19 @@ def test_the_users_description_is_kept_and_our_section_replaced_when_the_run_res
     assert run.info.status == "FINISHED"
 
 
+def test_a_run_that_crashes_is_tagged_and_described_as_such(tmp_path: Path, sqlite_uri: str) -> None:
+    logger = MLFlowLogger(experiment_name="users", tracking_uri=sqlite_uri)
+    train, _ = loaders(n_train=96)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(build_callbacks(profiler_config(tmp_path / "runs")), logger=logger).fit(
+            TinyRegressor(fail_at_step=4), train
+        )
+    tags = MlflowClient(sqlite_uri).get_run(logger.run_id).data.tags
+    assert tags["profiler.device"] == "cpu" and tags["profiler.run_folder"] == str(run_folders(tmp_path / "runs")[0])
+    assert tags["profiler.verdict"] == "not-assessed"  # 4 batches, 2 of them warmup: no log interval to judge
+    assert "The run ended **FAILED**" in tags[DESCRIPTION]
+
+
 def users_run(uri: str, notes: str) -> str:
     client = MlflowClient(uri)
     return client.create_run(client.create_experiment("users"), tags={DESCRIPTION: notes}).info.run_id

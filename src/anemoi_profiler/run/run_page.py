@@ -19,7 +19,7 @@ from ..config import ProfilerConfig
 from ..layout import ARTIFACT_ROOT, REPORT_HTML, REPORT_JSON, REPORT_TXT
 from ..redaction import redact
 from ..reports.description import run_description
-from ..reports.diagnosis import Outcome, assess, fired
+from ..reports.diagnosis import NotAssessed, Outcome, assess, fired
 from ..reports.run_data import load_run
 from ..tracking.sink import TrackingSink
 
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 PREFIX = "profiler."
 NO_VERDICT = "none"
 """`profiler.verdict` of a run that nothing limits."""
+NOT_ASSESSED = "not-assessed"
+"""`profiler.verdict` of a run whose data no check could read (timing off, no batch after the warmup)."""
 UNLOGGED_CONFIG = ("output_dir", "tracking", "report")
 """Config keys that do not change what is measured (where it goes, how it is rendered): not params."""
 VERSION_TAGS = {
@@ -103,7 +105,10 @@ def finish(sink: TrackingSink, config: ProfilerConfig, run_dir: Path) -> None:
 
 
 def verdict_tag(outcomes: dict[str, Outcome]) -> str:
-    """The ids of the verdicts that fire, most severe first, comma separated; `none` when nothing limits the run."""
+    """The ids of the verdicts that fire, most severe first, comma separated; `none` when nothing limits the run,
+    `not-assessed` when no check had the data to say."""
+    if all(isinstance(outcome, NotAssessed) for outcome in outcomes.values()):
+        return NOT_ASSESSED
     return ",".join(verdict.id for verdict in fired(outcomes)) or NO_VERDICT
 
 
