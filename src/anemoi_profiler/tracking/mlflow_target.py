@@ -60,6 +60,7 @@ class MlflowTarget:
             return self.run_id
         client = self.client()
         experiment_id = self._experiment_id(client)
+        # Tags come as records (`Tags`); run.json of 0.1.0 still names some to create the run with.
         run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
         self.info["run_id"] = run.info.run_id
         self.info["experiment_id"] = experiment_id

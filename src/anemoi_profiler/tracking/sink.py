@@ -52,7 +52,6 @@ class TrackingSink:
         run_id: str | None = None,
         run_name: str | None = None,
         key_prefix: str = "",
-        tags: Mapping[str, str] | None = None,
         flush_interval_s: float = 5.0,
         retry_interval_s: float = 30.0,
     ) -> None:
@@ -69,7 +68,6 @@ class TrackingSink:
                 "experiment": experiment,
                 "run_id": run_id,
                 "run_name": run_name,
-                "tags": dict(tags or {}),
             },
         )
         self.tracking_uri = tracking_uri
