@@ -1,5 +1,6 @@
 """The run page as a user sees it: the demo with a slow dataloader into its embedded sqlite store, a real
-`mlflow server` on that store, and the run's overview, model-metrics and system-metrics pages in headless Chromium.
+`mlflow server` on that store, and the run's overview, model-metrics and system-metrics pages in headless Chromium;
+then a run sent to that server, opened from the link the fit prints.
 
 Set ANEMOI_PROFILER_SCREENSHOTS=<folder> to keep the screenshots (docs/img/mlflow_run_page.png is one).
 """
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import ProfilerConfig
+from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.demo import run_demo
 from anemoi_profiler.tracking.uris import MODEL_TRAINING_VIEW
 from tests.helpers.chromium import CHROMIUM, Browser
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.helpers.mlflow_server import MlflowServer
 
 SYSTEM_METRICS = (
@@ -84,6 +86,20 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     browser.wait_for_count("svg.main-svg", len(SYSTEM_METRICS))
     browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
     screenshots.append(browser.screenshot(tmp_path / "mlflow_system_metrics.png", height=760))
+
+    # A run sent to the server prints the server's link: it opens that run in the model-training view.
+    train, _ = loaders(n_train=64)
+    config = ProfilerConfig.load(
+        None,
+        [f"output_dir={tmp_path / 'out'}", f"tracking.uri={server.uri}", "tracking.upload_artifacts=false",
+         "report.console=false", "system.enabled=false"],
+    )  # fmt: skip
+    trainer(build_callbacks(config)).fit(TinyRegressor(), train)
+    served = re.search(rf"open it at ({re.escape(server.uri)}/#/experiments/\d+/runs/\w+\?{MODEL_TRAINING_VIEW})",
+                       capsys.readouterr().out)  # fmt: skip
+    assert served, "no link printed"
+    browser.open(served[1])
+    assert "Evaluations" not in browser.wait_for_text("anemoi-profiler: what limits this run", "profiler.device")
 
     for shot in screenshots:
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size < 300_000
