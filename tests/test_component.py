@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler import ConfigError, ProfilerConfig
 from anemoi_profiler.cli import component as component_command
 from anemoi_profiler.component import profile_component
+from anemoi_profiler.layout import run_folders
 from anemoi_profiler.profiling.traces import read_trace
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -133,7 +134,11 @@ def test_cli_target_and_mlflow_logging(tmp_path: Path, monkeypatch: pytest.Monke
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"
-    assert run.data.params["profiler/component/target"] == "LayerNorm"
+    assert run.data.params["profiler.component.target"] == "LayerNorm"
+    assert run.data.params["profiler.profiler.train.active"] == "2"  # the config, as for a Trainer run
+    run_dir = run_folders(tmp_path / "runs")[0]
+    assert run.data.tags["profiler.component"] == "LayerNorm" and run.data.tags["profiler.device"] == "cpu"
+    assert run.data.tags["profiler.run_folder"] == str(run_dir) == run.data.params["profiler.run_folder"]
     assert run.data.metrics["summary/component/call_p50_ms"] > 0
     assert run.data.metrics["summary/profiler/windows/component"] == 2
     uploaded = {item.path for item in client.list_artifacts(run.info.run_id, "profiler")}

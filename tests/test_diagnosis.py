@@ -9,13 +9,11 @@ is dataloader-bound, a compute-bound step is not.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.layout import run_folders
@@ -33,7 +31,7 @@ from anemoi_profiler.reports.diagnosis import (
     slow_rank,
 )
 from anemoi_profiler.reports.run_data import RunData, load_run
-from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
+from tests.helpers.lightning_models import SlowSamples, TinyRegressor, loaders, trainer
 
 H200 = {"accelerator": "CUDAAccelerator", "devices": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 150_000}]}
 CPU = {"accelerator": "CPUAccelerator", "devices": []}
@@ -325,20 +323,6 @@ def test_diagnosis_section_lists_each_verdict_with_its_next_step(tmp_path: Path)
 
 
 # ---- real fits ----
-class SlowSamples(Dataset):
-    """A dataset whose samples take 2 ms each to load, like decoding files on a busy filesystem."""
-
-    def __init__(self, size: int = 384) -> None:
-        self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(0.002)
-        return self.x[index], self.x[index].sum(0, keepdim=True)
-
-
 def fit_and_diagnose(tmp_path: Path, model: TinyRegressor, train: DataLoader) -> list[Verdict]:
     config = ProfilerConfig.load(
         None,

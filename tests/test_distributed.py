@@ -75,6 +75,9 @@ def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_trac
     assert metrics["summary/train/step_ms_min"] <= metrics["summary/train/step_ms"]
     assert metrics["summary/train/step_ms"] <= metrics["summary/train/step_ms_max"]
     assert metrics["throughput/train/slowest_rank"] in (0.0, 1.0)
+    tags = run.data.tags  # one run for the job: searchable by its parallelism
+    assert (tags["profiler.world_size"], tags["profiler.device_count"], tags["profiler.nodes"]) == ("2", "2", "1")
+    assert tags["profiler.strategy"].startswith("DDP") and "profiler.verdict" in tags
     assert_global_is_sum_of_two_ranks(metrics, "summary/")
 
     summary = throughput_summary(run_dir)

@@ -18,13 +18,14 @@ from typing import Any
 import torch
 
 from .config import ConfigError, ProfilerConfig
-from .layout import ARTIFACT_ROOT, TRACES_DIR
+from .layout import TRACES_DIR
 from .profiling.durations import DurationStats
 from .profiling.operator_reports import summarize_windows
 from .profiling.schedule import WindowSchedule
 from .profiling.traces import TracesUpload
 from .profiling.windows import ProfilingWindows
 from .report import ReportSection, RunReport
+from .run import run_page
 from .run.environment import collect_environment
 from .run.folder import create_folder, open_sink, print_where_to_look, upload_folder
 from .tracking.uris import resolve_tracking_uri
@@ -150,7 +151,8 @@ def profile_component(
     backend = "inductor" if compile is True else compile or None
     runnable = torch.compile(target, backend=backend) if backend else target
 
-    run_dir = create_folder(config, collect_environment())
+    environment = collect_environment()
+    run_dir = create_folder(config, environment)
     described = {
         "target": name,
         "inputs": ", ".join(f"{tuple(i.shape)} {i.dtype}" for i in inputs),
@@ -166,13 +168,15 @@ def profile_component(
             0,
             resolve_tracking_uri(tracking.uri, None, config.output_dir),
             run_name=tracking.run_name or f"component-{name}-{run_dir.name}",
-            tags={"anemoi_profiler.run_folder": str(run_dir), "anemoi_profiler.component": name},
         )
         if tracking.enabled
         else None
     )
     if sink is not None:
-        sink.log_params({f"{ARTIFACT_ROOT}/component/{key}": value for key, value in described.items()})
+        sink.set_tags({**run_page.start_tags(environment, run_dir, str(torch_device), 1), "profiler.component": name})
+        sink.log_params(
+            {**run_page.config_params(config, run_dir), **{f"profiler.component.{k}": v for k, v in described.items()}}
+        )
     status = "FAILED"
     try:
         step = _step_function(runnable, make_inputs(inputs, torch_device, backward), backward, parameters)

@@ -43,7 +43,7 @@ HTA_DIR = "hta"
 HTA_SUMMARY_FILE = "summary.json"
 SPOOL_DIR = "spool"
 RUN_INFO_FILE = "run.json"
-"""In each spool folder: the tracking URI (redacted), experiment, run id and tags the spool belongs to."""
+"""In each spool folder: the tracking URI (redacted), experiment, run id and run name the spool belongs to."""
 NOT_UPLOADED = (SPOOL_DIR,)
 """Top-level folders of a run folder that stay out of the MLflow upload."""
 

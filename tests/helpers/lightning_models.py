@@ -8,7 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
 class TinyRegressor(pl.LightningModule):
@@ -39,6 +39,20 @@ class TinyRegressor(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SlowSamples(Dataset):
+    """A dataset whose samples take 2 ms each to load, like decoding files on a busy filesystem."""
+
+    def __init__(self, size: int = 384) -> None:
+        self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.002)
+        return self.x[index], self.x[index].sum(0, keepdim=True)
 
 
 def loaders(n_train: int = 256, n_val: int = 64, batch_size: int = 16) -> tuple[DataLoader, DataLoader]:

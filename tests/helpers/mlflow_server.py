@@ -19,11 +19,13 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """One `mlflow server` process over a sqlite store; `stop()` kills it hard, `start()` brings it back."""
+    """One `mlflow server` process over a sqlite store (its own, or `store_uri`); `stop()` kills it hard,
+    `start()` brings it back."""
 
-    def __init__(self, folder: Path, port: int | None = None) -> None:
+    def __init__(self, folder: Path, port: int | None = None, store_uri: str | None = None) -> None:
         self.folder = folder
         self.port = port or free_port()
+        self._store_uri = store_uri
         self.process: subprocess.Popen[bytes] | None = None
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -33,7 +35,7 @@ class MlflowServer:
 
     @property
     def store_uri(self) -> str:
-        return f"sqlite:///{self.folder / 'server.db'}"
+        return self._store_uri or f"sqlite:///{self.folder / 'server.db'}"
 
     def start(self, timeout_s: float = 90.0) -> None:
         log = open(self.folder / "server.log", "ab")  # noqa: SIM115 - lives as long as the process

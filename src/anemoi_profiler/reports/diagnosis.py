@@ -64,7 +64,10 @@ MFU_VERY_LOW = 0.10
 
 @dataclass(frozen=True)
 class Verdict:
+    id: str
+    """Stable identifier (`dataloader-bound`, `slow-rank`): the MLflow run's `profiler.verdict` tag, for searches."""
     name: str
+    """What the report shows."""
     severity: Severity
     value: str
     """The number behind the verdict, with what it was compared to."""
@@ -103,6 +106,7 @@ def dataloader_bound(run: RunData) -> Outcome:
     intervals = len(run.series("time/train/step_ms")[1])
     source = f", median of {intervals} log intervals" if intervals >= TYPICAL_MIN_INTERVALS else ""
     return Verdict(
+        "dataloader-bound",
         "dataloader-bound",
         "high" if share >= DATALOADER_WAIT_SHARE_HIGH else "medium",
         f"{share:.0%} of training step time waits for data{where} ({wait_ms:.1f} of {step_ms:.1f} ms per "
@@ -154,6 +158,7 @@ def host_bound(run: RunData) -> Outcome:
         value = f"the GPU waits for the host {beyond_data:.0%} of the step ({evidence})"
     return Verdict(
         "host-bound",
+        "host-bound",
         "high" if beyond_data >= HOST_WAIT_SHARE_HIGH else "medium",
         value,
         "The GPU finishes its kernels faster than Python and the launch path issue them: it waits for the host.",
@@ -175,6 +180,7 @@ def communication_bound(run: RunData) -> Outcome:
     worst = min(overlap, key=overlap.get)
     of_kernels = f"communication kernels {comm_share:.0f}% of GPU kernel time; " if comm_share is not None else ""
     return Verdict(
+        "communication-bound",
         "communication-bound",
         "high" if comm_share is not None and comm_share >= COMM_KERNEL_SHARE_HIGH_PCT else "medium",
         f"{of_kernels}{mean_overlap:.0f}% of communication time overlaps compute "
@@ -239,6 +245,7 @@ def slow_rank(run: RunData) -> Outcome:
     )
     per_step = "optimizer step" if accumulate > 1 else "step"
     return Verdict(
+        "slow-rank",
         "slow rank",
         "high" if share >= STRAGGLER_SHARE_HIGH else "medium",
         f"the other ranks wait {straggler_ms:.1f} ms per {per_step} for {which} ({share:.0%} of the "
@@ -268,6 +275,7 @@ def memory_use(run: RunData) -> Outcome:
     if used >= MEMORY_NEAR_LIMIT or trouble:
         retries = f"; {trouble} allocation retries or OOMs in profiled steps" if trouble else ""
         return Verdict(
+            "memory-near-limit",
             "memory near the limit",
             "high" if trouble else "medium",
             f"peak reserved {_size(reserved)} of {_size(capacity)} ({reserved / capacity:.0%}), "
@@ -281,6 +289,7 @@ def memory_use(run: RunData) -> Outcome:
     if allocated / capacity > MEMORY_HEADROOM:
         return None
     return Verdict(
+        "memory-headroom",
         "memory headroom",
         "info",
         f"peak allocated {_size(allocated)} of {_size(capacity)} ({allocated / capacity:.0%})",
@@ -308,6 +317,7 @@ def low_mfu(run: RunData) -> Outcome:
             "(AdamW(fused=True)), attention through scaled_dot_product_attention, matmul sizes in multiples of 64."
         )
     return Verdict(
+        "low-mfu",
         "low MFU",
         "high" if mfu < MFU_VERY_LOW else "medium",
         f"MFU {mfu * 100:.2g}% of the dense {precision or 'training-precision'} peak (below {MFU_LOW:.0%})",

@@ -15,6 +15,7 @@ from typing import Any
 from ..layout import REPORT_HTML
 from ..profiling.op_tables import MEMORY_EXPLANATION
 from ..report import format_value
+from .description import key_figures
 from .diagnosis import TITLE as DIAGNOSIS_TITLE
 from .diagnosis import NotAssessed, Outcome, assess, fired
 from .plots import figures, svg_markup
@@ -30,15 +31,6 @@ _HTA_RANK_COLUMNS = {
     "comm_comp_overlap_pct": "comm/comp overlap %",
     "kernel_launch_delay_median_us": "launch delay p50 us",
 }
-_KEY_NUMBERS = {
-    "throughput/train/samples_per_sec": ("training samples/s", ""),
-    "throughput/train/items_per_sec": ("training items/s", ""),
-    "throughput/val/samples_per_sec": ("validation samples/s", ""),
-    "time/train/step_ms": ("training step", "ms"),
-    "time/train/dataloader_wait_ms": ("dataloader wait", "ms"),
-}
-"""Per-interval metrics shown as a typical interval has them (what the diagnosis reads too)."""
-
 CSS = """
 :root { --fg: #1d2129; --muted: #5f6b7a; --line: #d9dee5; --bg: #f6f8fa; --high: #c0392b; --medium: #b9770e;
   --info: #2471a3; }
@@ -154,12 +146,7 @@ def _diagnosis(outcomes: dict[str, Outcome]) -> str:
 
 
 def _key_numbers(run: RunData) -> str:
-    values = {label: format_value(run.typical(key), unit) for key, (label, unit) in _KEY_NUMBERS.items()}
-    mfu = run.typical("throughput/train/mfu")
-    values["MFU"] = f"{mfu * 100:.2g}%" if mfu is not None else "n/a"
-    peak = run.summary("memory/peak_allocated_mb")
-    values["peak allocated (GPU)"] = format_value(peak, "MB")
-    tiles = [f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for k, v in values.items() if v != "n/a"]
+    tiles = [f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for k, v in key_figures(run).items()]
     note = "<p class='note'>Rates and times: the median log interval; the run's means are in All tables.</p>"
     return f"<div class='tiles'>{''.join(tiles)}</div>{note}" if tiles else ""
 

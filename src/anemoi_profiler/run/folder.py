@@ -16,8 +16,12 @@ from ..config import ProfilerConfig
 from ..layout import ARTIFACT_ROOT, CONFIG_FILE, ENVIRONMENT_FILE, NOT_UPLOADED, create_run_folder, spool_dir
 from ..redaction import redact, redact_uri
 from ..tracking.sink import TrackingSink
+from ..tracking.uris import run_url
 
 log = logging.getLogger(__name__)
+
+LOCAL_UI = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves by default."""
 
 
 def create_folder(config: ProfilerConfig, environment: Mapping[str, Any]) -> Path:
@@ -43,7 +47,6 @@ def open_sink(
     run_name: str,
     run_id: str | None = None,
     key_prefix: str = "",
-    tags: Mapping[str, str] | None = None,
 ) -> TrackingSink | None:
     """The sink of this rank, spooling below the run folder; None (with a warning) when the spool cannot be
     written: then nothing goes to MLflow, and the training goes on."""
@@ -56,7 +59,6 @@ def open_sink(
             run_id=run_id,
             run_name=run_name,
             key_prefix=key_prefix,
-            tags=tags,
             flush_interval_s=tracking.flush_interval_s,
             retry_interval_s=tracking.retry_interval_s,
         )
@@ -86,6 +88,12 @@ def print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
     lines = [f"anemoi-profiler: run folder {run_dir}"]
     if sink is not None:
         lines.append(f"anemoi-profiler: MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}")
-        if sink.tracking_uri.startswith("sqlite:"):
+        link = run_url(sink.tracking_uri, sink.experiment_id, sink.run_id)
+        if link:
+            lines.append(f"anemoi-profiler: open it at {link}")
+        elif sink.tracking_uri.startswith("sqlite:"):
             lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
+            link = run_url(LOCAL_UI, sink.experiment_id, sink.run_id)
+            if link:
+                lines.append(f"anemoi-profiler: then go to {link}")
     print("\n".join(lines), flush=True)

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ProfilerConfig
-from ..layout import ARTIFACT_ROOT
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import diagnosis_section
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
-from . import trainer_info
+from . import run_page, trainer_info
 from .distributed import RankExchange
 from .environment import collect_environment
 from .folder import create_folder, open_sink, print_where_to_look, upload_folder
@@ -195,12 +194,8 @@ class ProfilerSession:
             if not self.is_global_zero and self.local_rank == 0 and run_id:
                 self.sink = self._open_sink(run_id, prefix)
         if self.is_global_zero and self.sink is not None:
-            self.sink.log_params(
-                {
-                    f"{ARTIFACT_ROOT}/config_hash": self.config.fingerprint(),
-                    f"{ARTIFACT_ROOT}/run_folder": self.run_dir,
-                }
-            )
+            device = str(trainer_info.root_device(trainer))
+            run_page.start(self.sink, self.config, self.run_dir, device, trainer_info.num_devices(trainer))
 
     def _open_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink | None:
         assert self.run_dir is not None and self.tracking_uri is not None
@@ -212,7 +207,6 @@ class ProfilerSession:
             run_name=self.config.tracking.run_name or self.run_dir.name,
             run_id=run_id,
             key_prefix=key_prefix,
-            tags={"anemoi_profiler.run_folder": str(self.run_dir)},
         )
 
     @staticmethod
@@ -236,6 +230,8 @@ class ProfilerSession:
             (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
             (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
              self._write_html_report),
+            (sink is not None and self.is_global_zero and self._report is not None, "describe the MLflow run",
+             lambda: run_page.finish(sink, self.config, run_dir)),
             (sink is not None and bool(self._summary_metrics), "log summary metrics",
              lambda: sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
             (sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,

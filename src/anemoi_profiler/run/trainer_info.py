@@ -44,6 +44,11 @@ def world_size(trainer: Any) -> int:
     return int(getattr(trainer, "world_size", 1))
 
 
+def num_devices(trainer: Any) -> int:
+    """Devices per node the job trains on (the Trainer's `devices`)."""
+    return int(getattr(trainer, "num_devices", 1))
+
+
 def num_nodes(trainer: Any) -> int:
     return int(getattr(trainer, "num_nodes", 1))
 

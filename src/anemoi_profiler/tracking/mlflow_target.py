@@ -16,6 +16,20 @@ log = logging.getLogger(__name__)
 
 MAX_METRICS_PER_REQUEST = 1000
 MAX_PARAMS_PER_REQUEST = 100
+MAX_TAGS_PER_REQUEST = 100
+MAX_TAG_VALUE_CHARS = 8000
+"""MLflow's limit on a tag value (`mlflow.utils.validation.MAX_TAG_VAL_LENGTH` in 3.17): a longer description is
+cut by MLflow wherever the limit falls, or refused."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The tag MLflow shows as the run's Description (Markdown)."""
+SECTION_START = "<!-- anemoi-profiler -->"
+SECTION_END = "<!-- /anemoi-profiler -->"
+"""Around the profiler's section of a description: a later write replaces what is between them, nothing else."""
+CUT_NOTE = "\n\n*Cut to fit MLflow's limit on a description: the whole diagnosis is in report.html.*"
+KEPT_TAGS = ("mlflow.source.git.commit",)
+"""Tags a run keeps when it has them: MLflow's git context of the user's script is better than our working folder's."""
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+"""On experiments the profiler creates (never on the user's): MLflow's UI kind for model training."""
 REFUSED_FOR_CONTENT = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS")
 """MLflow error codes of a request refused for what it holds, not because the server is away."""
 
@@ -46,6 +60,7 @@ class MlflowTarget:
             return self.run_id
         client = self.client()
         experiment_id = self._experiment_id(client)
+        # Tags come as records (`Tags`); run.json of 0.1.0 still names some to create the run with.
         run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
         self.info["run_id"] = run.info.run_id
         self.info["experiment_id"] = experiment_id
@@ -67,7 +82,9 @@ class MlflowTarget:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             try:
-                return client.create_experiment(name, artifact_location=artifact_location_for(self.tracking_uri))
+                return client.create_experiment(
+                    name, artifact_location=artifact_location_for(self.tracking_uri), tags=EXPERIMENT_TAGS
+                )
             except MlflowException:
                 experiment = client.get_experiment_by_name(name)  # another job created it a moment ago
                 if experiment is None:
@@ -78,7 +95,9 @@ class MlflowTarget:
         """Send a batch request by request, removing from `batch` what MLflow has taken.
 
         A request MLflow refuses for its content (not for being away) is dropped with a warning, so one bad
-        value cannot hold back the rest or end the run's status update.
+        value cannot hold back the rest or end the run's status update. Params, tags and the description are
+        checked against the run first: a param the run has with another value is skipped (MLflow refuses to
+        change one), and the description is read, our section replaced, and written back.
         """
         from mlflow.entities import Metric, Param, RunTag
 
@@ -89,14 +108,37 @@ class MlflowTarget:
             metrics = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in chunk]
             self._call(client.log_batch, run_id, metrics=metrics)
             del batch.metrics[: len(chunk)]
+        logged_tags: dict[str, str] = {}
+        if batch.params or batch.tags or batch.description is not None:
+            run = client.get_run(run_id)
+            self.info["experiment_id"] = run.info.experiment_id
+            logged_tags = run.data.tags
+            _drop_logged(batch.params, run.data.params)
+            for key in KEPT_TAGS:
+                if key in logged_tags:
+                    batch.tags.pop(key, None)
         while batch.params:
             keys = list(batch.params)[:MAX_PARAMS_PER_REQUEST]
             self._call(client.log_batch, run_id, params=[Param(k, batch.params[k]) for k in keys])
             for k in keys:
                 del batch.params[k]
-        if batch.tags:
-            self._call(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in batch.tags.items()])
-            batch.tags.clear()
+        while batch.tags:
+            keys = list(batch.tags)[:MAX_TAGS_PER_REQUEST]
+            self._call(client.log_batch, run_id, tags=[RunTag(k, batch.tags[k]) for k in keys])
+            for k in keys:
+                del batch.tags[k]
+        if batch.description is not None:
+            current = logged_tags.get(DESCRIPTION_TAG, "")
+            description = spliced_description(current, batch.description)
+            if description is None:
+                log.warning(
+                    "anemoi-profiler: the run's description leaves no room for the diagnosis within MLflow's "
+                    "%d characters; it is in report.html",
+                    MAX_TAG_VALUE_CHARS,
+                )
+            elif description != current:
+                self._call(client.set_tag, run_id, DESCRIPTION_TAG, description)
+            batch.description = None
         while batch.artifacts:
             local_path, artifact_dir = batch.artifacts[0]
             if Path(local_path).exists():
@@ -129,6 +171,38 @@ class MlflowTarget:
                 log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", reason)
                 return
             raise
+
+
+def spliced_description(current: str, section: str, limit: int = MAX_TAG_VALUE_CHARS) -> str | None:
+    """`current` with our section (between the markers) replaced, or appended when it has none; the rest of it
+    unchanged. Our section is cut at a line to fit `limit`; None when the rest leaves it no room."""
+    before, after = current, ""
+    start = current.find(SECTION_START)
+    if start >= 0:
+        end = current.find(SECTION_END, start)
+        before, after = current[:start], current[end + len(SECTION_END) :] if end >= 0 else ""
+    separator = "" if not before or before.endswith("\n\n") else "\n" if before.endswith("\n") else "\n\n"
+    room = limit - len(before) - len(separator) - len(after) - len(SECTION_START) - len(SECTION_END) - 2
+    body = section.strip()
+    if len(body) > room:
+        if room < 2 * len(CUT_NOTE):
+            return None
+        cut = body[: room - len(CUT_NOTE)]
+        body = (cut[: cut.rfind("\n")] if "\n" in cut else cut).rstrip() + CUT_NOTE
+    return f"{before}{separator}{SECTION_START}\n{body}\n{SECTION_END}{after}"
+
+
+def _drop_logged(params: dict[str, str], logged: dict[str, str]) -> None:
+    """Remove from `params` what the run has: the same value needs no request, another one MLflow refuses."""
+    clashing = sorted(key for key, value in params.items() if key in logged and logged[key] != value)
+    for key in [key for key in params if key in logged]:
+        del params[key]
+    if clashing:
+        log.warning(
+            "anemoi-profiler: the MLflow run already has param(s) %s with other values (MLflow keeps a param's "
+            "first value); not logged again, the run folder's config.yaml has this run's",
+            ", ".join(clashing),
+        )
 
 
 def _without_redacted_credentials(uri: str) -> str:

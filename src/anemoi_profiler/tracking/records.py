@@ -1,6 +1,6 @@
 """What the training thread hands the sink, and the batch the sink spools and the sender sends.
 
-The queue carries one typed record per call (`Metric`, `Params`, `Tags`, `Artifact`, `Terminate`), plus
+The queue carries one typed record per call (`Metric`, `Params`, `Tags`, `Description`, `Artifact`, `Terminate`), plus
 `FlushRequest`s and batches handed back by a disk that refused them. The sink's thread merges them into a
 `Batch`, the unit of the spool files and of the sender's requests; `Batch.to_dict` is their JSON form.
 """
@@ -31,6 +31,14 @@ class Tags:
 
 
 @dataclass(frozen=True)
+class Description:
+    """The profiler's section of the run's description (Markdown). Only the sender process, which can read the
+    run, merges it into the description: whatever else the description holds is the user's and stays."""
+
+    section: str
+
+
+@dataclass(frozen=True)
 class Artifact:
     local_path: str
     artifact_dir: str
@@ -57,6 +65,7 @@ class Batch:
     tags: dict[str, str] = field(default_factory=dict)
     artifacts: list[list[str]] = field(default_factory=list)  # [local_path, artifact_dir]
     terminate: str | None = None
+    description: str | None = None  # None in spool files written by 0.1.0, which had no description
 
     def add(self, record: Record) -> None:
         if isinstance(record, Metric):
@@ -69,6 +78,8 @@ class Batch:
             self.artifacts.append([record.local_path, record.artifact_dir])
         elif isinstance(record, Terminate):
             self.terminate = record.status
+        elif isinstance(record, Description):
+            self.description = record.section
         else:
             self.merge(record)
 
@@ -78,14 +89,17 @@ class Batch:
         self.tags.update(other.tags)
         self.artifacts += other.artifacts
         self.terminate = other.terminate or self.terminate
+        self.description = other.description if other.description is not None else self.description
 
     def take(self, other: Batch) -> None:
         """Become `other`: what the sender reports is left of this batch after a send."""
         self.metrics, self.params, self.tags = other.metrics, other.params, other.tags
-        self.artifacts, self.terminate = other.artifacts, other.terminate
+        self.artifacts, self.terminate, self.description = other.artifacts, other.terminate, other.description
 
     def empty(self) -> bool:
-        return not (self.metrics or self.params or self.tags or self.artifacts or self.terminate)
+        return not (self.metrics or self.params or self.tags or self.artifacts or self.terminate) and (
+            self.description is None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,5 +109,5 @@ class Batch:
         return cls(**data)
 
 
-Record = Metric | Params | Tags | Artifact | Terminate | Batch
+Record = Metric | Params | Tags | Description | Artifact | Terminate | Batch
 """What `Batch.add` takes: one call's record, or a whole batch handed back."""

@@ -39,7 +39,9 @@ class SenderProcess:
     def __init__(self, spool_dir: Path, tracking_uri: str) -> None:
         self.spool_dir = spool_dir
         self.tracking_uri = tracking_uri
-        self.run_id: str | None = read_run_info(spool_dir).get("run_id")
+        info = read_run_info(spool_dir)
+        self.run_id: str | None = info.get("run_id")
+        self.experiment_id: str | None = info.get("experiment_id")
         self._process: subprocess.Popen[str] | None = None
         self._replies: IO[str] | None = None
         self._lock = threading.Lock()
@@ -95,6 +97,7 @@ class SenderProcess:
                 raise SenderError(f"the MLflow sender process stopped ({died})")
         reply = json.loads(line)
         self.run_id = reply.get("run_id") or self.run_id
+        self.experiment_id = reply.get("experiment_id") or self.experiment_id
         for message in reply.get("warnings", []):
             log.warning("anemoi-profiler: %s", message)
         return reply
@@ -173,7 +176,7 @@ def serve(replies_fd: int) -> None:
             reply = {"ok": False, "error": redact_text(f"{type(error).__name__}: {first_line}")}
         if batch is not None:
             reply["batch"] = batch.to_dict()
-        reply.update(run_id=target.run_id, warnings=warnings.take())
+        reply.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"), warnings=warnings.take())
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..redaction import redact_text, redact_uri
-from .records import Artifact, Batch, FlushRequest, Metric, Params, Record, Tags, Terminate
+from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
 from .sender import SenderError, SenderProcess
 from .spool import pending_batches, remove_if_empty, write_batch, write_run_info
 
@@ -52,7 +52,6 @@ class TrackingSink:
         run_id: str | None = None,
         run_name: str | None = None,
         key_prefix: str = "",
-        tags: Mapping[str, str] | None = None,
         flush_interval_s: float = 5.0,
         retry_interval_s: float = 30.0,
     ) -> None:
@@ -69,7 +68,6 @@ class TrackingSink:
                 "experiment": experiment,
                 "run_id": run_id,
                 "run_name": run_name,
-                "tags": dict(tags or {}),
             },
         )
         self.tracking_uri = tracking_uri
@@ -106,12 +104,21 @@ class TrackingSink:
         """Tags of the run, the profiler's own or a logger's; a later value of a key replaces the earlier one."""
         self._queue.put(Tags({k: str(v) for k, v in tags.items()}))
 
+    def set_description(self, section: str) -> None:
+        """The profiler's section of the run's description; the sender keeps the rest (the user's text) as it is."""
+        self._queue.put(Description(section))
+
     def log_artifact(self, local_path: Path, artifact_dir: str = "") -> None:
         self._queue.put(Artifact(str(local_path), artifact_dir))
 
     @property
     def run_id(self) -> str | None:
         return self._target.run_id
+
+    @property
+    def experiment_id(self) -> str | None:
+        """Known once the sender created or read the run; for the run's link in the MLflow UI."""
+        return self._target.experiment_id
 
     def spool_now(self) -> None:
         """Write what is queued to the spool from the calling thread, even while the sink's thread waits on a slow

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..redaction import redact_uri
+
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+"""MLflow 3.17's UI picks its view (GenAI or model training) from this URL parameter, else from the last one the
+browser used (GenAI at first), not from the experiment's `mlflow.experimentKind` tag: a run link carries it."""
+
 
 def default_tracking_uri(output_dir: str | Path) -> str:
     """The embedded default: a sqlite store beside the run folders (never the refused ./mlruns store)."""
@@ -21,3 +27,10 @@ def artifact_location_for(tracking_uri: str) -> str | None:
 def resolve_tracking_uri(configured: str | None, logger_uri: str | None, output_dir: str | Path) -> str:
     """Configured URI, else the MLFlowLogger's, else $MLFLOW_TRACKING_URI, else the embedded sqlite store."""
     return configured or logger_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_dir)
+
+
+def run_url(server: str, experiment_id: str | None, run_id: str | None) -> str | None:
+    """The run's page in the MLflow UI at `server` (http(s)://...), in the model-training view; credentials left out."""
+    if not server.startswith(("http://", "https://")) or not experiment_id or not run_id:
+        return None
+    return f"{redact_uri(server).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"

@@ -1,0 +1,66 @@
+"""The diagnosis as the MLflow run's description: Markdown, so the run page says what limits the run.
+
+Most important first (verdicts, then the headline figures, then where the full report is), because MLflow's
+limit on a description may cut the end off. The same figures as report.html's tiles, from the same `RunData`.
+"""
+
+from __future__ import annotations
+
+from ..report import format_value
+from .diagnosis import NotAssessed, Outcome, fired
+from .run_data import RunData
+
+HEADING = "**anemoi-profiler: what limits this run**"
+KEY_FIGURES = {
+    "throughput/train/samples_per_sec": ("training samples/s", ""),
+    "throughput/train/items_per_sec": ("training items/s", ""),
+    "throughput/val/samples_per_sec": ("validation samples/s", ""),
+    "time/train/step_ms": ("training step", "ms"),
+    "time/train/dataloader_wait_ms": ("dataloader wait", "ms"),
+}
+"""Per-interval metrics shown as a typical interval has them (what the diagnosis reads too)."""
+
+
+def key_figures(run: RunData) -> dict[str, str]:
+    """The headline figures that the run has: rates and times of the median log interval, MFU, peak memory."""
+    values = {label: format_value(run.typical(key), unit) for key, (label, unit) in KEY_FIGURES.items()}
+    mfu = run.typical("throughput/train/mfu")
+    values["MFU"] = f"{mfu * 100:.2g}%" if mfu is not None else "n/a"
+    values["peak allocated (GPU)"] = format_value(run.summary("memory/peak_allocated_mb"), "MB")
+    return {label: value for label, value in values.items() if value != "n/a"}
+
+
+def run_description(run: RunData, outcomes: dict[str, Outcome], report_location: str) -> str:
+    """The profiler's section of the description; `report_location` says where report.html is."""
+    lines = [HEADING, ""]
+    status = run.header.get("status")
+    if status and status != "FINISHED":
+        lines += [f"The run ended **{md(status)}**: the figures cover what was measured until then.", ""]
+    verdicts = fired(outcomes)
+    for verdict in verdicts:
+        searched_as = f", `{verdict.id}`" if verdict.id != verdict.name else ""  # the id a search takes
+        lines += [
+            f"- **{md(verdict.name)}** ({verdict.severity}{searched_as}): {md(verdict.value)}.  ",
+            f"  {md(verdict.message)}  ",
+            f"  *Next:* {md(verdict.next_step)}",
+        ]
+    if not verdicts:
+        checked = [name for name, outcome in outcomes.items() if not isinstance(outcome, NotAssessed)]
+        lines.append(f"No limiter found (checked with data: {', '.join(checked) or 'none'}).")
+    figures = key_figures(run)
+    if figures:
+        lines += ["", "Median log interval: " + " · ".join(f"{label} **{md(v)}**" for label, v in figures.items())]
+    lines += ["", f"Full report with plots and operator tables: {report_location}."]
+    not_assessed = {name: o.reason for name, o in outcomes.items() if isinstance(o, NotAssessed)}
+    if not_assessed:
+        reasons = "; ".join(f"{name} ({md(reason)})" for name, reason in not_assessed.items())
+        lines += ["", f"Not assessed: {reasons}."]
+    return "\n".join(lines)
+
+
+def md(text: object) -> str:
+    """Text from a measurement or a user's name, with Markdown's emphasis and markup characters escaped."""
+    escaped = str(text)
+    for character in "\\`*_[]<>|#":
+        escaped = escaped.replace(character, "\\" + character)
+    return escaped
