@@ -206,6 +206,7 @@ def callback_bound(run: RunData) -> Outcome:
     which = f": {named}" if named else ""
     return Verdict(
         "callback-bound",
+        "callback-bound",
         "high" if share >= CALLBACKS_SHARE_HIGH else "medium",
         f"{share:.0%} of training step time is spent in other callbacks' batch hooks ({callbacks_ms:.1f} of "
         f"{step_ms:.1f} ms per batch{which})",
