@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = MODES[(mode_name, device)]
     if args.repetitions:
         mode = Mode(**{**asdict(mode), "repetitions": args.repetitions})
+    if args.hta_ranks:
+        mode = Mode(**{**asdict(mode), "hta_ranks": tuple(int(count) for count in args.hta_ranks.split(","))})
     sections = set(args.sections.split(",")) if args.sections else set(SECTIONS)
     if device == "cpu":
         torch.set_num_threads(args.threads)
@@ -294,6 +296,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1: less noise)")
     parser.add_argument("--delay-s", type=float, default=0.1, help="delay the proxy adds to every MLflow request")
     parser.add_argument("--fixture", help="trace copied per rank for the HTA section")
+    parser.add_argument("--hta-ranks", help="comma-separated rank counts of the HTA section (default: the mode's)")
     parser.add_argument("--cprofile-hooks", action="store_true", help="cProfile our hooks in the sink section")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
     args = parser.parse_args(argv)
@@ -548,9 +551,11 @@ def render_hta(section: dict[str, Any] | None) -> list[str]:
     for row in section["runs"]:
         failed = f", failed: {', '.join(row['failed'])}" if row["failed"] else ""
         load = row["load_traces_s"]
+        subset = f", {row['analysed']} analysed" if row.get("analysed", row["ranks"]) != row["ranks"] else ""
+        memory = f", peak {row['peak_rss_mb']:.0f} MB" if row.get("peak_rss_mb") else ""
         lines.append(
-            f"  {row['ranks']:>2} rank(s): {row['seconds']:6.1f} s (loading {load if load is not None else 'n/a'} s), "
-            f"ran {len(row['ran'])} analyses{failed}"
+            f"  {row['ranks']:>2} rank(s){subset}: {row['seconds']:6.1f} s (loading "
+            f"{load if load is not None else 'n/a'} s{memory}), ran {len(row['ran'])} analyses{failed}"
         )
     return lines
 

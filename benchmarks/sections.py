@@ -386,35 +386,44 @@ def _timing(timings: dict[str, float], key: str, function: Callable[..., Any]) -
 
 
 def hta_scaling(fixture: Path, ranks: Sequence[int], time_limit_s: float, work_dir: Path) -> dict[str, Any]:
-    """`analyze_window` over N copies of one H200 trace, each with its own `distributedInfo.rank`."""
+    """`analyze` (as `anemoi-profiler analyze` runs it) over N copies of one H200 trace, each with its own
+    `distributedInfo.rank`: wall time and the HTA process's peak resident memory; and for the largest N the
+    first 8 ranks alone (`--ranks 0-7`)."""
     absent = missing("hta", "anemoi_profiler")
     if absent:
         return {"note": f"skipped: cannot import {', '.join(absent)} (pip install 'anemoi-profiler[hta]')"}
     if not fixture.is_file():
         return {"note": f"skipped: fixture {fixture} not found"}
-    from anemoi_profiler.analysis import analyze_window
+    from anemoi_profiler.analysis import analyze
 
     trace = _trace_without_rank(fixture)
     opening = trace.index(b"{") + 1
     rows = []
-    for count in ranks:
+    runs: list[tuple[int, list[int] | None]] = [(count, None) for count in ranks]
+    if max(ranks) > 8:
+        runs.append((max(ranks), list(range(8))))
+    for count, subset in runs:
         folder = work_dir / "hta" / f"ranks_{count}"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for rank in range(count):
-            info = json.dumps({"rank": rank, "world_size": count, "backend": "nccl"}).encode()
-            with gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb", compresslevel=1) as out:
-                out.write(trace[:opening] + b'"distributedInfo": ' + info + b"," + trace[opening:])
+        if subset is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            for rank in range(count):
+                info = json.dumps({"rank": rank, "world_size": count, "backend": "nccl"}).encode()
+                with gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb", compresslevel=1) as out:
+                    out.write(trace[:opening] + b'"distributedInfo": ' + info + b"," + trace[opening:])
         started = time.perf_counter()
-        summary = analyze_window(folder, work_dir / "hta" / f"out_{count}", time_limit_s)
+        summary = analyze(folder, work_dir / "hta" / f"out_{count}_{len(subset or [])}", time_limit_s, ranks=subset)
+        (window,) = summary["windows"]
         rows.append(
             {
                 "ranks": count,
+                "analysed": len(window["ranks"]),
                 "seconds": time.perf_counter() - started,
-                "load_traces_s": summary["analysis_seconds"].get("load_traces"),
-                "ran": summary["ran"],
-                "skipped": sorted(summary["skipped"]),
-                "failed": summary["failed"],
+                "load_traces_s": window["analysis_seconds"].get("load_traces"),
+                "peak_rss_mb": window.get("peak_rss_mb"),
+                "ran": window["ran"],
+                "skipped": sorted(window["skipped"]),
+                "failed": window["failed"],
             }
         )
     return {"fixture": str(fixture), "time_limit_s": time_limit_s, "runs": rows}

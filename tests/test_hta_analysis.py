@@ -29,6 +29,7 @@ from anemoi_profiler.analysis.hta_worker import (
     run_plan,
 )
 from anemoi_profiler.cli.analyze import run_analyze
+from anemoi_profiler.cli.main import main
 
 TIME_LIMIT_S = 240.0
 
@@ -290,3 +291,31 @@ def test_truncated_gzip_detected_even_when_json_prefix_is_valid(tmp_path: Path) 
     (tmp_path / "rank0.json.gz").write_bytes(compressed[:-4])  # CRC/length trailer cut off
     with pytest.raises(TraceError, match=r"rank0\.json\.gz: truncated or corrupt"):
         check_window(tmp_path)
+
+
+def test_a_rank_subset_reads_and_analyses_only_those_ranks(traces: Path, tmp_path: Path) -> None:
+    summary = analyze_window(traces / "hta_sampled_2rank", tmp_path, time_limit_s=TIME_LIMIT_S, ranks=[1])
+
+    assert summary["ranks"] == [1]
+    assert "hta/rank1/idle_pct" in summary["metrics"] and "hta/rank0/idle_pct" not in summary["metrics"]
+    with pytest.raises(NoTracesError, match="no trace of ranks 5-6"):
+        analyze_window(traces / "hta_sampled_2rank", tmp_path, time_limit_s=TIME_LIMIT_S, ranks=[5, 6])
+
+
+def test_ranks_on_the_command_line(traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = str(traces / "hta_sampled_2rank")
+    assert main(["analyze", folder, "--output", str(tmp_path), "--ranks", "0"]) == 0
+    assert [window["ranks"] for window in read_summary(tmp_path)["windows"]] == [[0]]
+    assert main(["analyze", folder, "--ranks", "0-x"]) == 2
+    assert "--ranks: '0-x' is no rank or range of ranks" in capsys.readouterr().err
+
+
+def test_the_hta_process_is_stopped_past_its_memory_limit_and_says_so(traces: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    summary = analyze_window(traces / "hta_sampled_2rank", tmp_path, time_limit_s=TIME_LIMIT_S, memory_limit_mb=30)
+
+    assert summary["ran"] == []
+    for planned in ("temporal_breakdown", "idle_time_breakdown", "comm_comp_overlap", "memory_bw_summary"):
+        assert summary["skipped"][planned] == "memory limit of 30 MB reached (hta.memory_limit_mb)"
+    assert summary["peak_rss_mb"] > 30
+    assert time.monotonic() - started < 30, "stopped at the limit, not after the analyses"

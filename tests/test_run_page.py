@@ -43,11 +43,14 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fit with a sleeping dataloader, then a compute-bound one, in the embedded store of their output folder
     (no logger: the profiler's own runs)."""
     output = tmp_path_factory.mktemp("runs")
-    trainer(build_callbacks(profiler_config(output)), limit_val_batches=0).fit(
-        TinyRegressor(), DataLoader(SlowSamples(), batch_size=16)
-    )
-    train, _ = loaders(n_train=384)
-    trainer(build_callbacks(profiler_config(output)), limit_val_batches=0).fit(TinyRegressor(step_sleep_s=0.04), train)
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: the per-test isolation has not run yet
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)  # an earlier test's MLFlowLogger may have set it
+        trainer(build_callbacks(profiler_config(output)), limit_val_batches=0).fit(
+            TinyRegressor(), DataLoader(SlowSamples(), batch_size=16)
+        )
+        train, _ = loaders(n_train=384)
+        fit = trainer(build_callbacks(profiler_config(output)), limit_val_batches=0)
+        fit.fit(TinyRegressor(step_sleep_s=0.04), train)
     return output
 
 
