@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigError, ProfilerConfig
+from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..run import trainer_info
@@ -46,7 +46,7 @@ class ThroughputCallback(StageCallback):
 
     def __init__(
         self,
-        config: ProfilerConfig | None = None,
+        config: ProfilerConfig | ConfigSource | None = None,
         session: ProfilerSession | None = None,
         length_fn: Callable[[Any], int] | None = None,
         batch_size_fn: Callable[[Any], int] | None = None,
