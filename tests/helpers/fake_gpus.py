@@ -26,6 +26,8 @@ class FakeGpu:
     energy_supported: bool = True
     serial: str = ""
     hip_id: int | None = None
+    integrate: bool = True
+    """False: the energy counter moves only by `add_joules`, whatever the power."""
     _joules: float = 0.0
     _since: float = field(default_factory=time.monotonic)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -34,7 +36,8 @@ class FakeGpu:
         """Energy since 'driver load': the power set so far, integrated over real time."""
         with self._lock:
             now = time.monotonic()
-            self._joules += (self.watts or 0.0) * (now - self._since)
+            if self.integrate:
+                self._joules += (self.watts or 0.0) * (now - self._since)
             self._since = now
             return self._joules
 

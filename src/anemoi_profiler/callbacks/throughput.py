@@ -64,8 +64,11 @@ class ThroughputCallback(StageCallback):
         options = self.config.throughput
         self.world_size = trainer_info.world_size(trainer)
         device = trainer_info.root_device(trainer)
-        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.peak_flops = options.device_peak_flops or dense_peak_flops(device_name, trainer_info.precision(trainer))
+        name, units = "cpu", None
+        if device.type == "cuda":  # ROCm devices too: their compute units tell an MI250 GCD from an MI250X's
+            name = torch.cuda.get_device_name(device)
+            units = torch.cuda.get_device_properties(device).multi_processor_count
+        self.peak_flops = options.device_peak_flops or dense_peak_flops(name, trainer_info.precision(trainer), units)
         self.flops_per_sample = options.flops_per_sample
         self._flop_counter: Any = None
 
