@@ -79,7 +79,9 @@ class ThroughputConfig:
     )
     measure_flops: bool = _opt(True, "Measure FLOPs per sample with torch's FlopCounterMode on the first batch.")
     device_peak_flops: float | None = _opt(
-        None, "Dense peak FLOP/s of one device; null: looked up (H100, H200, A100, L4, L40S, B200) for the precision."
+        None,
+        "Dense peak FLOP/s of one device; null: looked up for the precision (NVIDIA V100 to B200, AMD MI210, MI250X "
+        "and MI250 per GCD, MI300X, MI300A; docs/metrics.md).",
     )
 
 
@@ -92,11 +94,15 @@ class TimingConfig:
 
 @dataclass
 class SystemConfig:
-    """CPU, memory, disk, network and per-GPU metrics from a background thread, under MLflow's names."""
+    """CPU, memory, disk, network, per-GPU metrics and energy from a background thread, under MLflow's names."""
 
     enabled: bool = _opt(True, "Sample system metrics (one sampler per node, on local rank 0).")
     interval_s: float = _opt(10.0, "Seconds between samples; one more is taken at the start and at the end.")
-    gpus: bool = _opt(True, "Include this job's GPUs through NVML (needs the gpu extra: nvidia-ml-py).")
+    gpus: bool = _opt(
+        True,
+        "Include this job's GPUs, with their energy: NVIDIA through NVML (the gpu extra: nvidia-ml-py), AMD through "
+        "amdsmi (the package of your ROCm).",
+    )
     disk_path: str = _opt("/", "Filesystem whose usage is reported.")
 
 
