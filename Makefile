@@ -20,10 +20,22 @@ $(VENV)/.installed-dev: $(VENV)/.installed-base
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hta]"
 	touch $@
 
+# hydra-core 1.3 requires omegaconf < 2.4, the dev venv has 2.4: both are tested. The pair (and antlr 4.9, which
+# both need) goes into a folder of its own, put first on PYTHONPATH by the tests that run in a subprocess
+# (tests/test_hydra.py); everything else comes from the venv. Made once, then kept until `make clean`.
+OMEGACONF23 := $(VENV)/omegaconf23
+export ANEMOI_PROFILER_OMEGACONF23 := $(abspath $(OMEGACONF23))
+
+$(OMEGACONF23)/.installed: | $(BIN)/python
+	rm -rf $(OMEGACONF23)
+	$(BIN)/pip install -q --no-deps --target $(OMEGACONF23) \
+		"hydra-core==1.3.*" "omegaconf==2.3.*" "antlr4-python3-runtime==4.9.*"
+	touch $@
+
 demo: $(VENV)/.installed-base
 	$(BIN)/anemoi-profiler demo $(ARGS)
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site

@@ -573,6 +573,8 @@ def render_detailed(section: dict[str, Any] | None) -> list[str]:
         lines.append(f"  profiled steps: peak allocated {totals.get('peak_allocated_mb', 0):.0f} MB")
     metrics = section.get("system_metrics") or {}
     lines.append(f"  system metrics: {metrics.get('keys', 0)} keys, NVML {metrics.get('nvml', metrics.get('note'))}")
+    energy = ", ".join(f"{key.rsplit('/', 1)[-1]} {value:.4g}" for key, value in metrics.get("energy", {}).items())
+    lines.append(f"  energy: {energy or 'none (no GPU energy counter read)'}")
     hta = section.get("hta") or {}
     for window in hta.get("windows", []):
         failed = f", FAILED {', '.join(window['failed'])}" if window["failed"] else ""

@@ -496,9 +496,11 @@ def _logged_system_metrics(tracking_uri: str, run_id: str | None, cuda: bool) ->
         return {"note": "skipped: no MLflow run (tracking off)"}
     from mlflow.tracking import MlflowClient
 
-    keys = sorted(k for k in MlflowClient(tracking_uri).get_run(run_id).data.metrics if k.startswith("system/"))
+    metrics = MlflowClient(tracking_uri).get_run(run_id).data.metrics
+    keys = sorted(k for k in metrics if k.startswith("system/"))
     gpu_keys = [key for key in keys if key.startswith("system/gpu_")]
-    result: dict[str, Any] = {"keys": len(keys), "gpu_keys": gpu_keys}
+    energy = {key: value for key, value in metrics.items() if key.startswith("summary/energy/")}
+    result: dict[str, Any] = {"keys": len(keys), "gpu_keys": gpu_keys, "energy": energy}
     if not cuda:
         result["nvml"] = "skipped: no CUDA device"
     elif missing("pynvml"):

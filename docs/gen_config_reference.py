@@ -12,7 +12,8 @@ HEADER = """# Configuration reference
 Generated from `anemoi_profiler.config` by `python docs/gen_config_reference.py`; do not edit by hand.
 
 Load a config with `ProfilerConfig.load(source, overrides)`: `source` is a YAML file, a preset
-({presets}) or a mapping; `overrides` are `key=value` strings. From the command line:
+({presets}), a mapping, or a section of a Hydra/OmegaConf tree such as `cfg.diagnostics.profiler`
+([Hydra, OmegaConf and LightningCLI](hydra.md)); `overrides` are `key=value` strings. From the command line:
 `anemoi-profiler config [--config FILE | --preset NAME] [key=value ...]` validates and prints the result.
 A wrong key, type or value fails at load time with a message naming the key and what is allowed.
 

@@ -10,12 +10,9 @@ import time
 
 import pytest
 
-from anemoi_profiler.measure.system_metrics import (
-    GpuResource,
-    SystemMetricsSampler,
-    SystemResource,
-    visible_gpu_uuids,
-)
+from anemoi_profiler.measure.nvidia import NvidiaGpuResource
+from anemoi_profiler.measure.system_metrics import SystemMetricsSampler, SystemResource
+from anemoi_profiler.measure.visible_devices import visible_gpu_uuids
 
 PSUTIL_NAMES = {
     "cpu_utilization_percentage",
@@ -219,8 +216,8 @@ def test_missing_disk_path_loses_only_disk_metrics(caplog: pytest.LogCaptureFixt
 
 
 def test_gpu_metrics_appear_exactly_when_nvml_reads_gpus(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="anemoi_profiler.measure.system_metrics"):
-        gpus = GpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    with caplog.at_level(logging.INFO, logger="anemoi_profiler.measure"):
+        gpus = NvidiaGpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"))
         recorder = Recorder()
         run_sampler(recorder, samples=1)
 

@@ -15,12 +15,12 @@ from .callbacks import (
     ThroughputCallback,
     TorchProfilerCallback,
 )
-from .config import ProfilerConfig
+from .config import ConfigSource, ProfilerConfig
 from .run.session import ProfilerSession
 
 
 def build_callbacks(
-    config: ProfilerConfig | None = None,
+    config: ProfilerConfig | ConfigSource | None = None,
     *,
     length_fn: Callable[[Any], int] | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
@@ -28,10 +28,13 @@ def build_callbacks(
 ) -> list[ProfilerCallback]:
     """The enabled callbacks for `config` (defaults if None), sharing one run folder, MLflow run and report.
 
+    `config` may also be what `ProfilerConfig.load` reads: a preset name, a YAML path, a mapping, or the
+    section of a Hydra tree (`build_callbacks(cfg.diagnostics.profiler)`).
+
     `length_fn`/`batch_size_fn` count items and samples in a batch (see ThroughputCallback); `input_fn`
     turns a batch into the model's forward arguments for the model summary (see ModelSummaryCallback).
     """
-    config = config or ProfilerConfig()
+    config = ProfilerConfig.ensure(config)
     session = ProfilerSession(config)
     callbacks: list[ProfilerCallback] = []
     if config.throughput.enabled:

@@ -3,6 +3,10 @@
 `ProfilerConfig.load` is the single entry point. Every error (unknown key, wrong type, value out of range,
 YAML syntax) becomes a `ConfigError` that names the key and what is allowed, so a typo in a 3-day job's
 config fails in the first second with a message, not with a traceback an hour later.
+
+It reads a section of a Hydra or OmegaConf tree as it is handed over (`cfg.diagnostics.profiler`, a
+`DictConfig` whose interpolations point elsewhere in the user's tree), and `register_hydra_configs` puts the
+schema and the presets into Hydra's ConfigStore, so that typos fail in the user's tree too (docs/hydra.md).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 PRESETS = ("simple", "detailed")
 ITEM_COUNTING = ("replica", "rank")
+
+ConfigSource = str | Path | Mapping[str, Any]
+"""What `ProfilerConfig.load` reads: a preset name, a YAML path, or a mapping (an OmegaConf `DictConfig` too)."""
 
 
 class ConfigError(ValueError):
@@ -73,7 +80,9 @@ class ThroughputConfig:
     )
     measure_flops: bool = _opt(True, "Measure FLOPs per sample with torch's FlopCounterMode on the first batch.")
     device_peak_flops: float | None = _opt(
-        None, "Dense peak FLOP/s of one device; null: looked up (H100, H200, A100, L4, L40S, B200) for the precision."
+        None,
+        "Dense peak FLOP/s of one device; null: looked up for the precision (NVIDIA V100 to B200, AMD MI210, MI250X "
+        "and MI250 per GCD, MI300X, MI300A; docs/metrics.md).",
     )
 
 
@@ -86,11 +95,15 @@ class TimingConfig:
 
 @dataclass
 class SystemConfig:
-    """CPU, memory, disk, network and per-GPU metrics from a background thread, under MLflow's names."""
+    """CPU, memory, disk, network, per-GPU metrics and energy from a background thread, under MLflow's names."""
 
     enabled: bool = _opt(True, "Sample system metrics (one sampler per node, on local rank 0).")
     interval_s: float = _opt(10.0, "Seconds between samples; one more is taken at the start and at the end.")
-    gpus: bool = _opt(True, "Include this job's GPUs through NVML (needs the gpu extra: nvidia-ml-py).")
+    gpus: bool = _opt(
+        True,
+        "Include this job's GPUs, with their energy: NVIDIA through NVML (the gpu extra: nvidia-ml-py), AMD through "
+        "amdsmi (the package of your ROCm).",
+    )
     disk_path: str = _opt("/", "Filesystem whose usage is reported.")
 
 
@@ -225,12 +238,11 @@ class ProfilerConfig:
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
 
     @classmethod
-    def load(
-        cls, source: str | Path | Mapping[str, Any] | None = None, overrides: Iterable[str] = ()
-    ) -> ProfilerConfig:
+    def load(cls, source: ConfigSource | None = None, overrides: Iterable[str] = ()) -> ProfilerConfig:
         """Build a validated config from defaults, a preset name or YAML path (or a mapping), and overrides.
 
-        `overrides` are `key=value` strings such as `"throughput.warmup_steps=10"`.
+        A mapping may be a section of a Hydra/OmegaConf tree: its interpolations are resolved against the
+        whole tree it belongs to. `overrides` are `key=value` strings such as `"throughput.warmup_steps=10"`.
         """
         layers: list[DictConfig] = [OmegaConf.structured(cls)]
         if source is not None:
@@ -238,14 +250,29 @@ class ProfilerConfig:
         overrides = list(overrides)
         if overrides:
             layers.append(_parse_overrides(overrides))
+        # A section of a larger tree: errors name the key as it is there (`diagnostics.profiler.log_every_n_steps`).
+        where = f"{source._get_full_key(None)}." if isinstance(source, DictConfig) and source._get_parent() else ""
         try:
-            merged = OmegaConf.merge(*layers)
-            config = OmegaConf.to_object(merged)
+            config = OmegaConf.to_object(OmegaConf.merge(*layers))
+            assert isinstance(config, cls)
+            config.validate()
         except OmegaConfBaseException as error:
-            raise ConfigError(_explain(error)) from None
-        assert isinstance(config, cls)
-        config.validate()
+            raise ConfigError(where + _explain(error)) from None
+        except ConfigError as error:
+            raise ConfigError(where + str(error)) from None
         return config
+
+    @classmethod
+    def ensure(cls, config: ProfilerConfig | ConfigSource | None) -> ProfilerConfig:
+        """`config` itself, validated, or what `load` makes of it: what a callback's `config` argument accepts.
+
+        LightningCLI (jsonargparse) hands over a `ProfilerConfig` built from YAML without `validate`; Hydra's
+        `instantiate` a `DictConfig`; a YAML file may name a preset or a path.
+        """
+        if isinstance(config, cls):
+            config.validate()
+            return config
+        return cls.load(config)
 
     def validate(self) -> None:
         """Check values that types alone cannot; raise ConfigError naming the key."""
@@ -328,7 +355,26 @@ def preset_path(name: str) -> Path:
     return Path(str(resources.files("anemoi_profiler") / "presets" / f"{name}.yaml"))
 
 
-def _load_source(source: str | Path | Mapping[str, Any]) -> DictConfig:
+def register_hydra_configs(group: str = "profiler", package: str = "diagnostics.profiler") -> None:
+    """Store the schema and the presets in Hydra's ConfigStore, as options `schema`, `simple`, `detailed` of `group`.
+
+    Each is a structured node typed by `ProfilerConfig` placed at `package` of the composed tree, so
+    `python train.py profiler=detailed diagnostics.profiler.log_every_n_steps=10` works and a misspelt key
+    or a wrong type fails when Hydra composes the tree, before training starts. Call it before `@hydra.main`
+    runs (at import time of the training script).
+    """
+    from hydra.core.config_store import ConfigStore  # Hydra is the user's dependency, not ours
+
+    store = ConfigStore.instance()
+    store.store(group=group, name="schema", node=OmegaConf.structured(ProfilerConfig), package=package)
+    for name in PRESETS:
+        node = OmegaConf.merge(OmegaConf.structured(ProfilerConfig), _load_source(name))
+        store.store(group=group, name=name, node=node, package=package)
+
+
+def _load_source(source: ConfigSource) -> DictConfig:
+    if OmegaConf.is_config(source):
+        return _checked_sections(_resolved(source))
     if isinstance(source, Mapping):
         return _checked_sections(dict(source))
     path = preset_path(str(source)) if str(source) in PRESETS else Path(source)
@@ -345,12 +391,28 @@ def _load_source(source: str | Path | Mapping[str, Any]) -> DictConfig:
     return _checked_sections(data)
 
 
+def _resolved(section: Any) -> dict[str, Any]:
+    """A plain dict of an OmegaConf node, its interpolations resolved against the root of the tree it is in.
+
+    A child node keeps its parent, so `${paths.output}` in `cfg.diagnostics.profiler` resolves; an error names
+    the key as it is in the user's tree (`diagnostics.profiler.output_dir`).
+    """
+    if not isinstance(section, DictConfig):
+        raise ConfigError(f"expected a mapping of keys, got {type(section).__name__}")
+    try:
+        data = OmegaConf.to_container(section, resolve=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_explain(error)) from None
+    assert isinstance(data, dict)
+    return data
+
+
 def _checked_sections(data: dict[str, Any]) -> DictConfig:
     """A scalar where a section belongs (`throughput: 5`) would surface as OmegaConf's nameless merge error."""
     defaults = ProfilerConfig()
     for key, value in data.items():
         section = getattr(defaults, str(key), None)
-        if dataclasses.is_dataclass(section) and not isinstance(value, (dict, type(None))):
+        if dataclasses.is_dataclass(section) and not isinstance(value, (Mapping, type(None))):
             allowed = ", ".join(f.name for f in dataclasses.fields(section))
             raise ConfigError(f"{key}: got {value!r}, expected a section of keys: {allowed}")
     return OmegaConf.create(data)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..config import ProfilerConfig
+from ..config import ConfigSource, ProfilerConfig
 from ..report import ReportSection
 from ..run.session import ProfilerSession
 
@@ -65,17 +65,28 @@ def guarded(hook: F) -> F:
 
 
 class ProfilerCallback(Callback):
-    """Base of all anemoi-profiler callbacks. Pass a shared `session` (see `build_callbacks`) or a `config`."""
+    """Base of all anemoi-profiler callbacks. Pass a shared `session` (see `build_callbacks`) or a `config`.
 
-    def __init__(self, config: ProfilerConfig | None = None, session: ProfilerSession | None = None) -> None:
-        self.session = session or ProfilerSession(config)
+    `config` may also be what `ProfilerConfig.load` reads (a preset name, a YAML path, a mapping or a Hydra
+    `DictConfig`), so LightningCLI's `init_args` and Hydra's `instantiate` can build a callback from YAML.
+    Callbacks given a config rather than a session, on one trainer and with equal configs, share the
+    session of the first of them: one run folder, one MLflow run and one report, as `build_callbacks` gives.
+    """
+
+    def __init__(
+        self, config: ProfilerConfig | ConfigSource | None = None, session: ProfilerSession | None = None
+    ) -> None:
+        self.session = session or ProfilerSession(ProfilerConfig.ensure(config))
         self.config = self.session.config
+        self._may_share = session is None
         self.disabled = False
         for hook in PER_BATCH_HOOKS:
             if getattr(type(self), hook) is getattr(Callback, hook):
                 setattr(self, hook, None)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._may_share:
+            self._share_session(trainer)
         # A profiler that cannot start (unwritable output folder) stays off; the session said why, once.
         self.disabled = not self.session.attach(trainer, self)
         if not self.disabled:
@@ -88,6 +99,31 @@ class ProfilerCallback(Callback):
         # Ctrl-C, and a scheduler's SIGTERM (Lightning raises SIGTERMException, a SystemExit): stopped, not failed.
         stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
         self._end(trainer, "KILLED" if stopped else "FAILED")
+
+    def _share_session(self, trainer: Any) -> None:
+        """Join the session of an earlier profiler callback on this trainer with the same config.
+
+        Lightning calls `setup` in the order of `trainer.callbacks`, so the first such callback has started
+        its session by now and this one attaches to it. With another config the sessions stay apart, and
+        the run gets two run folders: said in a warning, since that is rarely what was meant.
+        """
+        earlier = []
+        for other in getattr(trainer, "callbacks", None) or []:
+            if other is self:
+                break
+            if isinstance(other, ProfilerCallback) and other.session is not self.session:
+                earlier.append(other)
+        for other in earlier:
+            if other.config.fingerprint() == self.config.fingerprint():
+                self.session, self.config = other.session, other.session.config
+                return
+        if earlier:
+            log.warning(
+                "anemoi-profiler: %s has another config than %s, so each writes its own run folder and MLflow run; "
+                "give them the same config (or use build_callbacks) to share one",
+                type(self).__name__,
+                type(earlier[0]).__name__,
+            )
 
     @guarded
     def _start(self, trainer: Any, pl_module: Any) -> None:

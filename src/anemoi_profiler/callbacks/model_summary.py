@@ -35,7 +35,7 @@ import torchinfo
 from torch import nn
 from torchinfo import torchinfo as torchinfo_module
 
-from ..config import ProfilerConfig
+from ..config import ConfigSource, ProfilerConfig
 from ..layout import MODEL_SUMMARY_FILE
 from ..report import ReportSection
 from ..run import trainer_info
@@ -291,7 +291,7 @@ class ModelSummaryCallback(ProfilerCallback):
 
     def __init__(
         self,
-        config: ProfilerConfig | None = None,
+        config: ProfilerConfig | ConfigSource | None = None,
         session: ProfilerSession | None = None,
         input_fn: Callable[[Any], Any] | None = None,
     ) -> None:

@@ -1,51 +1,79 @@
-"""System metrics (CPU, memory, disk, network, this job's GPUs) under MLflow's `system/...` names.
+"""System metrics (CPU, memory, disk, network, this job's GPUs, energy) under MLflow's `system/...` names.
 
 One sampler per node (local rank 0), in a background thread; each sample is logged at the training
-`global_step` current when it was taken, so system and training curves share an axis.
+`global_step` current when it was taken, so system and training curves share an axis. NVIDIA GPUs are read
+through NVML, AMD GPUs (torch on ROCm) through amdsmi.
+
+Energy per sample: each sample's per-interval energy goes into a tally that keeps apart the intervals lying
+wholly in the training steady state (read from the session's stage clock by the sampler thread: one
+attribute, no sync). At the end every rank contributes to one exchange, so the figures are the job's: the
+steady-state GPU power of each node times its steady-state training time, over the steady-state samples
+counted once per data-parallel replica.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
+import torch
+
+from ..measure.energy import EnergyShare, EnergyTally
+from ..measure.resource import GpuResource
 from ..measure.system_metrics import SystemMetricsSampler
 from ..report import ReportSection
 from ..run import trainer_info
-from .base import ProfilerCallback
+from .base import ProfilerCallback, guarded
 
 
 class SystemMetricsCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         self.sampler: SystemMetricsSampler | None = None
         self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.energy = EnergyTally()
+        self._validations = 0
+        self._last_publish: tuple[float, bool, int] | None = None  # time, train meter running, validations
         if trainer_info.local_rank(trainer) != 0:
             return
         options = self.config.system
         multi_node = trainer_info.num_nodes(trainer) > 1
-        device = trainer_info.root_device(trainer)
-        gpus = self._job_gpus(trainer, device) if options.gpus and device.type == "cuda" else []
         self.sampler = SystemMetricsSampler(
             publish=self._publish,
             step_fn=lambda: trainer_info.global_step(trainer),
             interval_s=options.interval_s,
             node_id=f"node_{trainer_info.node_rank(trainer)}" if multi_node else None,
-            gpu_ordinals=gpus,
+            gpu_ordinals=self._job_gpus(trainer) if options.gpus else [],
             disk_path=options.disk_path,
+            gpu_vendor="amd" if torch.version.hip else "nvidia",
         )
         self.sampler.start()
 
     @staticmethod
-    def _job_gpus(trainer: Any, device: Any) -> list[int]:
-        """CUDA ordinals this node's ranks use (Lightning's parallel devices), else this rank's device."""
+    def _job_gpus(trainer: Any) -> list[int]:
+        """CUDA (or ROCm) ordinals this node's ranks use (Lightning's parallel devices), else this rank's device."""
+        device = trainer_info.root_device(trainer)
         devices = getattr(getattr(trainer, "strategy", None), "parallel_devices", None) or [device]
         return sorted({d.index for d in devices if getattr(d, "type", None) == "cuda" and d.index is not None})
 
+    @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._validations += 1  # a sampling interval with a validation inside is not steady state
+
     def _publish(self, metrics: dict[str, float], step: int) -> None:
+        """On the sampler's thread: keep the means and the energy, and queue the metrics."""
         for key, value in metrics.items():
             total = self.sums[key]
             total[0] += value
             total[1] += 1
+        clock = self.session.stage_clock
+        now, training = time.monotonic(), clock is not None and clock.meters["train"].running
+        if self._last_publish is not None:
+            then, trained_then, validations_then = self._last_publish
+            steady = training and trained_then and validations_then == self._validations
+            names = {key.rsplit("/", 1)[-1]: value for key, value in metrics.items()}
+            self.energy.add(names, now - then, steady)
+        self._last_publish = (now, training, self._validations)
         self.session.log_metrics(metrics, step)
 
     def stop_background_work(self) -> None:
@@ -54,10 +82,52 @@ class SystemMetricsCallback(ProfilerCallback):
 
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         self.stop_background_work()
+        summary, energy_notes = self._job_energy()  # a collective: every rank, every time
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
-        if not means:
+        if not self.session.is_global_zero or not (means or summary):
             return None, {}
-        values = {key.removeprefix("system/"): (value, "") for key, value in means.items()}
-        samples = max(int(count) for _, count in self.sums.values())
-        note = f"Means over {samples} samples, every {self.config.system.interval_s:g} s."
-        return ReportSection.key_values("System (mean)", values, note), {}
+        values = {key.removeprefix("system/"): (value, "") for key, value in means.items() if "energy" not in key}
+        units = {"kwh": "kWh", "per_sample": "J"}
+        for key, value in summary.items():
+            name = key.removeprefix("summary/")
+            values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
+        samples = max((int(count) for _, count in self.sums.values()), default=0)
+        notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]
+        return ReportSection.key_values("System", values, " ".join(notes)), summary
+
+    # ---- energy of the whole job ----
+    def _job_energy(self) -> tuple[dict[str, float], list[str]]:
+        """`summary/energy/...` values and notes, from one exchange of every rank's share."""
+        exchange = self.session.exchange
+        if self.session.failed and exchange.world_size > 1:
+            return {}, []  # the other ranks may never reach this exchange
+        ranks = exchange.gather(self._energy_share().to_list())
+        if ranks is None:
+            return {}, ["Energy: not available (the ranks could not exchange their figures)."]
+        gpus = self._gpu_resource()
+        reasons = sorted(set(gpus.energy_unavailable.values())) if gpus else []
+        return EnergyShare.total(ranks).figures(self.config.system.interval_s, reasons)
+
+    def _energy_share(self) -> EnergyShare:
+        clock = self.session.stage_clock
+        train = clock.totals["train"] if clock is not None else None
+        replicas = getattr(self.session, "data_parallel_size", self.session.world_size)
+        share = EnergyShare(samples=(train.samples if train else 0.0) * replicas / self.session.world_size)
+        if self.sampler is None:
+            return share  # not this node's sampler: its samples only
+        gpus = self._gpu_resource()
+        steady_watts = self.energy.steady_watts(gpu=True)
+        share.nodes = 1.0
+        share.gpus = float(len(gpus.handles) if gpus else 0)
+        share.gpus_without_counter = float(len(gpus.energy_unavailable) if gpus else 0)
+        share.gpu_counters = float(self.energy.counters(gpu=True))
+        share.gpu_joules = self.energy.joules(gpu=True)
+        share.steady_gpu_joules = (steady_watts or 0.0) * (train.elapsed_s if train else 0.0)
+        share.no_steady_interval = float(share.gpu_counters > 0 and steady_watts is None)
+        share.cpu_counters = float(self.energy.counters(gpu=False))
+        share.cpu_joules = self.energy.joules(gpu=False)
+        return share
+
+    def _gpu_resource(self) -> GpuResource | None:
+        resources = self.sampler.resources if self.sampler is not None else []
+        return next((resource for resource in resources if isinstance(resource, GpuResource)), None)

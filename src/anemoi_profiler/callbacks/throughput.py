@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigError, ProfilerConfig
+from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..run import trainer_info
@@ -46,7 +46,7 @@ class ThroughputCallback(StageCallback):
 
     def __init__(
         self,
-        config: ProfilerConfig | None = None,
+        config: ProfilerConfig | ConfigSource | None = None,
         session: ProfilerSession | None = None,
         length_fn: Callable[[Any], int] | None = None,
         batch_size_fn: Callable[[Any], int] | None = None,
@@ -64,8 +64,11 @@ class ThroughputCallback(StageCallback):
         options = self.config.throughput
         self.world_size = trainer_info.world_size(trainer)
         device = trainer_info.root_device(trainer)
-        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.peak_flops = options.device_peak_flops or dense_peak_flops(device_name, trainer_info.precision(trainer))
+        name, units = "cpu", None
+        if device.type == "cuda":  # ROCm devices too: their compute units tell an MI250 GCD from an MI250X's
+            name = torch.cuda.get_device_name(device)
+            units = torch.cuda.get_device_properties(device).multi_processor_count
+        self.peak_flops = options.device_peak_flops or dense_peak_flops(name, trainer_info.precision(trainer), units)
         # This rank's share of a sample's FLOPs: a configured figure is the whole model's, split over a replica's
         # ranks; a measured one is already what this rank computes.
         configured = options.flops_per_sample

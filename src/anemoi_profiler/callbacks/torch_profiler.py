@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from ..config import ProfilerConfig
+from ..config import ConfigSource, ProfilerConfig
 from ..layout import TRACES_DIR
 from ..profiling.operator_reports import summarize_windows
 from ..profiling.recorder import WindowRecorder
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 class TorchProfilerCallback(ProfilerCallback):
     """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`."""
 
-    def __init__(self, config: ProfilerConfig | None = None, session: ProfilerSession | None = None) -> None:
+    def __init__(
+        self, config: ProfilerConfig | ConfigSource | None = None, session: ProfilerSession | None = None
+    ) -> None:
         super().__init__(config, session)
         self._windows: ProfilingWindows | None = None
         self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)

@@ -9,37 +9,25 @@ This module only measures; the caller's ``publish`` decides where the values go.
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from ..report import MB
-
-try:
-    import pynvml
-except ImportError:  # the optional `gpu` extra (nvidia-ml-py) is not installed
-    pynvml = None
+from .amd import AmdGpuResource
+from .nvidia import NvidiaGpuResource
+from .powercap import POWERCAP_ROOT, CpuPackageEnergy
+from .resource import SystemResource
 
 LOGGER = logging.getLogger(__name__)
 
 MIN_CPU_WINDOW_S = 0.1  # psutil's advice: shorter windows give noisy utilisation
-
-
-class SystemResource(abc.ABC):
-    """One measured resource; subclass it and pass an instance to the sampler to add a resource."""
-
-    name: str = "resource"
-
-    @abc.abstractmethod
-    def sample(self) -> dict[str, float]:
-        """Current values keyed by metric name, without the ``system/`` prefix."""
 
 
 class CpuResource(SystemResource):
@@ -123,134 +111,28 @@ class NetworkResource(SystemResource):
         }
 
 
-def visible_gpu_uuids(
-    cuda_visible_devices: str | None,
-    nvml_uuids: Sequence[str],
+def default_resources(
+    disk_path: str = "/",
     gpu_ordinals: Iterable[int] | None = None,
-) -> dict[int, str]:
-    """Map each CUDA ordinal this job sees to the NVML UUID of the device behind it.
-
-    Follows CUDA's reading of ``CUDA_VISIBLE_DEVICES`` (as ``torch.cuda`` models it): unset means every
-    GPU; entries are NVML indices (leading digits count, like ``strtoul``), ``GPU-`` UUID prefixes or
-    ``MIG-`` UUIDs; the first invalid or ambiguous entry ends the list; a repeated device hides them all.
-    ``nvml_uuids`` are the node's GPU UUIDs in NVML index order; index entries assume CUDA numbers GPUs
-    in that (PCI bus) order, as it does for identical GPUs or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
-    ``gpu_ordinals`` keeps only those CUDA ordinals, e.g. the devices of this node's local ranks.
-    """
-    if cuda_visible_devices is None:
-        visible = list(nvml_uuids)
-    else:
-        visible = []
-        for entry in (entry.strip() for entry in cuda_visible_devices.split(",")):
-            uuid = _resolve_visible_entry(entry, nvml_uuids)
-            if uuid is None:
-                break
-            if uuid in visible:
-                return {}
-            visible.append(uuid)
-    wanted = None if gpu_ordinals is None else set(gpu_ordinals)
-    return {ordinal: uuid for ordinal, uuid in enumerate(visible) if wanted is None or ordinal in wanted}
-
-
-def _resolve_visible_entry(entry: str, nvml_uuids: Sequence[str]) -> str | None:
-    """The UUID one ``CUDA_VISIBLE_DEVICES`` entry names, or None where CUDA would stop reading."""
-    if entry.startswith("MIG-"):
-        return entry
-    if entry.startswith("GPU-"):
-        matches = [uuid for uuid in nvml_uuids if uuid.startswith(entry)]
-        return matches[0] if len(matches) == 1 else None
-    index = re.match(r"\d+", entry)
-    if index is None or int(index.group()) >= len(nvml_uuids):
-        return None
-    return nvml_uuids[int(index.group())]
-
-
-class GpuResource(SystemResource):
-    """Utilisation, memory, power and temperature of the GPUs this job uses, read through NVML.
-
-    Each NVML query is guarded on its own: a GPU (or MIG slice) that doesn't report power still reports
-    utilisation and memory. A query that fails is logged once per GPU and retried at the next sample.
-    """
-
-    name = "gpu"
-
-    def __init__(self, handles: dict[int, Any]) -> None:
-        self.handles = handles
-        self._reported_failures: set[tuple[int, str]] = set()
-
-    @classmethod
-    def for_this_job(
-        cls, cuda_visible_devices: str | None, gpu_ordinals: Iterable[int] | None = None
-    ) -> GpuResource | None:
-        """The GPUs this job sees, or None (with one info line saying why) when NVML can't read any."""
-        if pynvml is None:
-            LOGGER.info("No GPU system metrics: nvidia-ml-py is not installed (pip install nvidia-ml-py).")
-            return None
-        try:
-            pynvml.nvmlInit()
-            nvml_uuids = [
-                pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-                for index in range(pynvml.nvmlDeviceGetCount())
-            ]
-            uuids = visible_gpu_uuids(cuda_visible_devices, nvml_uuids, gpu_ordinals)
-            handles = {ordinal: pynvml.nvmlDeviceGetHandleByUUID(uuid) for ordinal, uuid in uuids.items()}
-        except pynvml.NVMLError as error:
-            LOGGER.info("No GPU system metrics: NVML cannot read the GPUs (%s).", error)
-            return None
-        if not handles:
-            LOGGER.info(
-                "No GPU system metrics: none selected (CUDA_VISIBLE_DEVICES=%r, gpu_ordinals=%r, %d GPUs).",
-                cuda_visible_devices,
-                gpu_ordinals,
-                len(nvml_uuids),
-            )
-            return None
-        return cls(handles)
-
-    def sample(self) -> dict[str, float]:
-        values: dict[str, float] = {}
-        for ordinal, handle in self.handles.items():
-            prefix = f"gpu_{ordinal}_"
-            utilization = self._query(ordinal, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-            if utilization is not None:
-                values[prefix + "utilization_percentage"] = float(utilization.gpu)
-            memory = self._query(ordinal, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
-            if memory is not None:
-                values[prefix + "memory_usage_megabytes"] = memory.used / MB
-                values[prefix + "memory_usage_percentage"] = 100.0 * memory.used / memory.total
-            power_mw = self._query(ordinal, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
-            if power_mw is not None:
-                values[prefix + "power_usage_watts"] = power_mw / 1000.0
-                limit_mw = self._query(ordinal, "power limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-                if limit_mw:
-                    values[prefix + "power_usage_percentage"] = 100.0 * power_mw / limit_mw
-            sensor = pynvml.NVML_TEMPERATURE_GPU
-            temperature = self._query(ordinal, "temperature", pynvml.nvmlDeviceGetTemperature, handle, sensor)
-            if temperature is not None:
-                values[prefix + "temperature_celsius"] = float(temperature)
-        return values
-
-    def _query(self, ordinal: int, what: str, query: Callable[..., Any], *args: Any) -> Any:
-        """``query(*args)``, or None when NVML refuses it; each refusal is logged once per GPU."""
-        try:
-            return query(*args)
-        except pynvml.NVMLError as error:
-            if (ordinal, what) not in self._reported_failures:
-                self._reported_failures.add((ordinal, what))
-                LOGGER.info("GPU %d does not report %s (%s); leaving it out.", ordinal, what, error)
-            return None
-
-
-def default_resources(disk_path: str = "/", gpu_ordinals: Iterable[int] | None = None) -> list[SystemResource]:
-    """The resources MLflow samples, plus the GPUs this job uses when NVML can read them."""
+    gpu_vendor: str = "nvidia",
+    powercap_root: Path = POWERCAP_ROOT,
+) -> list[SystemResource]:
+    """The resources MLflow samples, this job's GPUs (NVML, or amdsmi with `gpu_vendor="amd"`) when the
+    library can read them, and the CPU packages' energy where this process may read it."""
     resources: list[SystemResource] = [
         CpuResource(),
         MemoryResource(),
         DiskResource(disk_path),
         NetworkResource(),
     ]
-    if gpus := GpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_ordinals):
+    if gpu_vendor == "amd":
+        gpus: SystemResource | None = AmdGpuResource.for_this_job(os.environ, gpu_ordinals)
+    else:
+        gpus = NvidiaGpuResource.for_this_job(os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_ordinals)
+    if gpus is not None:
         resources.append(gpus)
+    if cpu_energy := CpuPackageEnergy.readable(powercap_root):
+        resources.append(cpu_energy)
     return resources
 
 
@@ -262,7 +144,7 @@ class SystemMetricsSampler:
     up with training steps. ``start()`` samples once right away so that even a short run has a sample,
     ``stop()`` makes the thread take a last sample and exit. Nothing here raises into the caller: a
     failing resource, ``step_fn`` or ``publish`` is logged once and sampling goes on.
-    Resources are built by ``start()``, so the CPU window and network counters begin there.
+    Resources are built by ``start()``, so the CPU window, network and energy counters begin there.
     """
 
     def __init__(
@@ -274,6 +156,8 @@ class SystemMetricsSampler:
         gpu_ordinals: list[int] | None = None,
         disk_path: str = "/",
         extra_resources: Sequence[SystemResource] = (),
+        gpu_vendor: str = "nvidia",
+        powercap_root: Path = POWERCAP_ROOT,
     ) -> None:
         self.publish = publish
         self.step_fn = step_fn
@@ -281,6 +165,8 @@ class SystemMetricsSampler:
         self.prefix = f"system/{node_id}/" if node_id else "system/"
         self.gpu_ordinals = gpu_ordinals
         self.disk_path = disk_path
+        self.gpu_vendor = gpu_vendor
+        self.powercap_root = powercap_root
         self.extra_resources = list(extra_resources)
         self.resources: list[SystemResource] = []
         self._stop_event = threading.Event()
@@ -292,7 +178,8 @@ class SystemMetricsSampler:
         if self._thread is not None:
             return
         try:
-            self.resources = [*default_resources(self.disk_path, self.gpu_ordinals), *self.extra_resources]
+            defaults = default_resources(self.disk_path, self.gpu_ordinals, self.gpu_vendor, self.powercap_root)
+            self.resources = [*defaults, *self.extra_resources]
         except Exception as error:
             self._report_once("building the default resources", error)
             self.resources = list(self.extra_resources)

@@ -1,0 +1,72 @@
+"""CPU package energy from Linux's powercap interface (RAPL; Intel, and AMD Zen under the same driver).
+
+`<root>/intel-rapl:<n>/energy_uj` counts microjoules per CPU package and wraps at `max_energy_range_uj`.
+Since Linux 5.10 the counter is readable by root only (a side channel otherwise), so most jobs cannot read
+it: then there is no CPU energy, and one info line says why. Sub-domains (`intel-rapl:<n>:<m>`: cores,
+uncore, DRAM) are inside their package's figure and `psys` contains the packages, so only packages count.
+The figure is the whole node's, whatever else runs on it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .resource import LOGGER, SystemResource
+
+POWERCAP_ROOT = Path("/sys/class/powercap")
+_PACKAGE_ZONE = re.compile(r"^intel-rapl:\d+$")
+MICRO = 1e-6
+
+
+class CpuPackageEnergy(SystemResource):
+    """`cpu_energy_joules`: the node's CPU packages' energy since the previous sample."""
+
+    name = "cpu energy"
+
+    def __init__(self, zones: list[Path]) -> None:
+        self.zones = zones
+        self.ranges_uj = {zone: _read_int(zone / "max_energy_range_uj") for zone in zones}
+        self._last_uj: dict[Path, int] = {}
+
+    @classmethod
+    def readable(cls, root: Path = POWERCAP_ROOT) -> CpuPackageEnergy | None:
+        """The packages under `root` whose counters this process can read, or None (saying why, once)."""
+        zones = sorted(
+            zone
+            for zone in (root.iterdir() if root.is_dir() else [])
+            if _PACKAGE_ZONE.match(zone.name) and _zone_name(zone).startswith("package")
+        )
+        if not zones:
+            LOGGER.info("No CPU energy: no RAPL package zones under %s.", root)
+            return None
+        try:
+            for zone in zones:
+                _read_int(zone / "energy_uj")
+                _read_int(zone / "max_energy_range_uj")
+        except (OSError, ValueError) as error:
+            LOGGER.info("No CPU energy: %s is not readable (%s; root only since Linux 5.10).", zone, error)
+            return None
+        return cls(zones)
+
+    def sample(self) -> dict[str, float]:
+        first = not self._last_uj
+        total_uj = 0
+        for zone in self.zones:
+            now_uj = _read_int(zone / "energy_uj")
+            last_uj = self._last_uj.get(zone, now_uj)
+            self._last_uj[zone] = now_uj
+            # It wraps at max_energy_range_uj (about 262 kJ: 20 minutes at 200 W), far apart from two samples.
+            total_uj += now_uj - last_uj if now_uj >= last_uj else now_uj + self.ranges_uj[zone] - last_uj
+        return {} if first else {"cpu_energy_joules": total_uj * MICRO}
+
+
+def _zone_name(zone: Path) -> str:
+    try:
+        return (zone / "name").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().strip())
