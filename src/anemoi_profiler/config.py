@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,22 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from .config_sections import (
+    ITEM_COUNTING,
+    DistributedConfig,
+    HtaConfig,
+    MemorySnapshotConfig,
+    ModelSummaryConfig,
+    ReportConfig,
+    SystemConfig,
+    ThroughputConfig,
+    TimingConfig,
+    TorchProfilerConfig,
+    TrackingConfig,
+    _opt,
+)
+
 PRESETS = ("simple", "detailed")
-ITEM_COUNTING = ("replica", "rank")
 
 ConfigSource = str | Path | Mapping[str, Any]
 """What `ProfilerConfig.load` reads: a preset name, a YAML path, or a mapping (an OmegaConf `DictConfig` too)."""
@@ -32,188 +46,6 @@ ConfigSource = str | Path | Mapping[str, Any]
 
 class ConfigError(ValueError):
     """A configuration problem, worded for the person who wrote the config."""
-
-
-def _opt(default: Any, help: str) -> Any:
-    """A config field with its help text; docs/configuration.md is generated from these."""
-    if isinstance(default, type) or callable(default):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class TrackingConfig:
-    """Where metrics and artifacts go."""
-
-    enabled: bool = _opt(True, "Send metrics, params and artifacts to MLflow (the run folder is written either way).")
-    uri: str | None = _opt(
-        None,
-        "MLflow tracking URI. null: the trainer's MLFlowLogger, else $MLFLOW_TRACKING_URI, else "
-        "sqlite:///<output_dir>/mlflow.db.",
-    )
-    experiment: str = _opt("anemoi-profiler", "Experiment of the run the profiler opens when there is no MLFlowLogger.")
-    run_name: str | None = _opt(None, "Name of that run; null: the run folder's name.")
-    flush_interval_s: float = _opt(
-        5.0, "Seconds between sends to MLflow (from a child process); the training thread never waits for them."
-    )
-    retry_interval_s: float = _opt(30.0, "Seconds between retries while MLflow does not answer.")
-    close_timeout_s: float = _opt(
-        30.0, "Longest wait for MLflow at the end of the run; what is left stays in <run folder>/spool/."
-    )
-    upload_artifacts: bool = _opt(True, "Upload the run folder to the MLflow run under profiler/.")
-
-
-@dataclass
-class ThroughputConfig:
-    """Samples, batches and items per second and MFU, measured without a device sync per step."""
-
-    enabled: bool = _opt(True, "Log throughput/{train,val}/... and summary/... rates.")
-    warmup_steps: int = _opt(5, "First training batches not measured (compilation, allocator and cache warmup).")
-    length_fn: str | None = _opt(
-        None, "'package.module:function' giving the items (tokens, grid points) in a batch, for items_per_sec."
-    )
-    batch_size_fn: str | None = _opt(
-        None, "'package.module:function' giving the samples in a batch; null: dim 0 of the first tensor found."
-    )
-    flops_per_sample: float | None = _opt(
-        None, "Forward+backward FLOPs of one sample; null: measured once on a real batch when the peak is known."
-    )
-    measure_flops: bool = _opt(True, "Measure FLOPs per sample with torch's FlopCounterMode on the first batch.")
-    device_peak_flops: float | None = _opt(
-        None,
-        "Dense peak FLOP/s of one device; null: looked up for the precision (NVIDIA V100 to B200, AMD MI210, MI250X "
-        "and MI250 per GCD, MI300X, MI300A; docs/metrics.md).",
-    )
-
-
-@dataclass
-class TimingConfig:
-    """Step time, dataloader wait and peak memory per log interval."""
-
-    enabled: bool = _opt(True, "Log time/... and memory/... per log interval.")
-
-
-@dataclass
-class SystemConfig:
-    """CPU, memory, disk, network, per-GPU metrics and energy from a background thread, under MLflow's names."""
-
-    enabled: bool = _opt(True, "Sample system metrics (one sampler per node, on local rank 0).")
-    interval_s: float = _opt(10.0, "Seconds between samples; one more is taken at the start and at the end.")
-    gpus: bool = _opt(
-        True,
-        "Include this job's GPUs, with their energy: NVIDIA through NVML (the gpu extra: nvidia-ml-py), AMD through "
-        "amdsmi (the package of your ROCm).",
-    )
-    disk_path: str = _opt("/", "Filesystem whose usage is reported.")
-
-
-@dataclass
-class WindowConfig:
-    """A torch.profiler schedule: skip `skip_first` batches, then `repeat` cycles of wait, warmup, active."""
-
-    skip_first: int = _opt(10, "Batches skipped before the first cycle.")
-    wait: int = _opt(5, "Batches idle at the start of each cycle.")
-    warmup: int = _opt(2, "Batches traced but discarded before the active ones.")
-    active: int = _opt(3, "Batches recorded per window.")
-    repeat: int = _opt(1, "Number of windows; 0 repeats until the stage ends.")
-
-
-@dataclass
-class TorchProfilerConfig:
-    """Profiling windows with torch.profiler: traces, time report, memory report."""
-
-    enabled: bool = _opt(False, "Run torch.profiler windows.")
-    train: WindowConfig = _opt(WindowConfig, "Training schedule, counted in training batches.")
-    validation: bool = _opt(True, "Also profile validation (never the sanity check).")
-    val: WindowConfig = _opt(
-        lambda: WindowConfig(skip_first=0, wait=0, warmup=1, active=2, repeat=1),
-        "Validation schedule, counted in batches of each validation run.",
-    )
-    record_shapes: bool = _opt(True, "Record input shapes of operators.")
-    profile_memory: bool = _opt(True, "Record allocations per operator (the memory report needs it).")
-    with_stack: bool = _opt(False, "Record Python stacks (large traces).")
-    with_flops: bool = _opt(False, "Estimate FLOPs of matmuls and convolutions.")
-    with_modules: bool = _opt(False, "Record the nn.Module hierarchy of operators.")
-    sync_events: bool = _opt(True, "Record CUDA synchronization events, which HTA's critical-path analysis needs.")
-    traces: bool = _opt(True, "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz).")
-    trace_budget_mb: float = _opt(
-        300.0, "Warn before a window whose uncompressed trace would exceed this; above 4x it is not written."
-    )
-    upload_traces_max_mb: float = _opt(
-        200.0, "Upload traces to MLflow only while their total stays below this; the run folder keeps them all."
-    )
-    time_report: bool = _opt(True, "Write time_report.{csv,json}: top operators by CPU and device time.")
-    memory_report: bool = _opt(True, "Write memory_report.{txt,csv,json}: allocations per operator, explained.")
-    memory_timeline: bool = _opt(
-        False, "Write memory/timeline_rank<r>.html with export_memory_timeline (CUDA only; slow on long windows)."
-    )
-    top_n: int = _opt(30, "Operators per table.")
-
-
-@dataclass
-class MemorySnapshotConfig:
-    """CUDA caching-allocator snapshot (open at pytorch.org/memory_viz); also dumped when the run dies."""
-
-    enabled: bool = _opt(False, "Record allocation history and dump memory/snapshot_rank<r>.pickle (CUDA only).")
-    start_step: int = _opt(5, "Training batch at which recording starts.")
-    steps: int = _opt(3, "Batches recorded.")
-    max_entries: int = _opt(100000, "Allocation events kept in the history.")
-    on_exception: bool = _opt(True, "Also dump a snapshot when the run dies (out of memory or any exception).")
-
-
-@dataclass
-class ModelSummaryConfig:
-    """torchinfo summary of the model on a real batch (rank 0)."""
-
-    enabled: bool = _opt(False, "Write model_summary.txt and model/... params.")
-    depth: int = _opt(3, "Module nesting depth shown.")
-
-
-@dataclass
-class HtaConfig:
-    """Holistic Trace Analysis over the run's traces after fit (rank 0; needs the hta extra)."""
-
-    enabled: bool = _opt(False, "Analyse every trace window after fit; results in hta/ and hta/... metrics.")
-    time_limit_s: float = _opt(300.0, "Seconds for all analyses together; what is left is skipped and said so.")
-    memory_limit_mb: float = _opt(
-        8000.0, "Resident memory of the HTA process (MB) above which it is stopped and the rest skipped, said so."
-    )
-
-
-@dataclass
-class DistributedConfig:
-    """Multi-process runs (DDP, FSDP; Lightning's launcher, torchrun, SLURM)."""
-
-    profiled_ranks: Any = _opt("all", "Global ranks that run torch.profiler windows: 'all' or a list such as [0, 1].")
-    timeout_s: float = _opt(
-        120.0, "Timeout of the profiler's own collectives; a dead rank never freezes the others in profiler code."
-    )
-    data_parallel_size: Any = _opt(
-        "auto",
-        "Data-parallel replicas, whose samples global rates count once each: 'auto' (the strategy's sampler "
-        "replicas, anemoi's model groups, else the world size) or an integer dividing the world size.",
-    )
-    item_counting: str = _opt(
-        "replica",
-        "How global items/s count length_fn's items: 'replica' (every rank of a replica holds the same items, "
-        "as under tensor parallelism: once per replica) or 'rank' (each rank holds its own slice, as anemoi's "
-        "sharded grids: summed over ranks).",
-    )
-    straggler: bool = _opt(
-        True,
-        "Time each rank's wait for the gradient all-reduce (a DDP communication hook doing the same all-reduce) "
-        "to name the rank the others wait for.",
-    )
-
-
-@dataclass
-class ReportConfig:
-    """The end-of-run report: which renderings to make."""
-
-    console: bool = _opt(True, "Print the report at the end of the run.")
-    txt: bool = _opt(True, "Write report.txt.")
-    json: bool = _opt(True, "Write report.json.")
-    html: bool = _opt(True, "Write report.html (self-contained, plots inline) and plots/*.png.")
 
 
 @dataclass

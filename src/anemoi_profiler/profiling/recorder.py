@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from ..config import TorchProfilerConfig
+from ..config_sections import TorchProfilerConfig
 from .schedule import WindowSchedule
 from .traces import RANK_INFO_KEY
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config import WindowConfig
+from ..config_sections import WindowConfig
 
 
 @dataclass(frozen=True)

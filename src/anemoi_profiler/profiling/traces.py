@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
-from ..config import TorchProfilerConfig
+from ..config_sections import TorchProfilerConfig
 from ..layout import TRACES_DIR, trace_path
 from ..report import MB, format_value
 

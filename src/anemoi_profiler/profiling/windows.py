@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..config import TorchProfilerConfig
+from ..config_sections import TorchProfilerConfig
 from ..layout import timeline_path
 from .device_memory import StepMemory, export_memory_timeline
 from .durations import DurationStats
