@@ -21,7 +21,7 @@ import torch
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
-from anemoi_profiler.run.intervals import GapTimes, RankTotals
+from anemoi_profiler.run.intervals import RankTotals
 from anemoi_profiler.run.stage_clock import StageClock
 from tests.helpers.jobs import (
     BATCH_SIZE,
@@ -257,11 +257,11 @@ def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_p
     meter.start()
     for interval in range(2):
         for _ in range(4):
-            meter.count(0, 0, GapTimes())
+            meter.count(0, 0)
         trainer.global_step = 4 * (interval + 1)
         callback.clock.lap(trainer, "train")
     for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
-        meter.count(0, 0, GapTimes())
+        meter.count(0, 0)
     callback.session.mark_failed("FAILED")
     callback.clock.lap(trainer, "train", final=True)
 
@@ -280,7 +280,7 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
     meter = callback.meters["train"]
     meter._segments = [(10.0, 10.9)]  # rank 0 measured 0.9 s, none of it its own work
     for _ in range(4):
-        meter.count(0, 0, GapTimes())
+        meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
     callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))

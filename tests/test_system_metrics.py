@@ -11,7 +11,7 @@ import time
 import pytest
 
 from anemoi_profiler.measure.nvidia import NvidiaGpuResource
-from anemoi_profiler.measure.system_metrics import SystemMetricsSampler, SystemResource
+from anemoi_profiler.measure.system_metrics import MIN_CPU_WINDOW_S, SystemMetricsSampler, SystemResource
 from anemoi_profiler.measure.visible_devices import visible_gpu_uuids
 
 PSUTIL_NAMES = {
@@ -128,10 +128,15 @@ def test_node_id_gives_mlflow_multi_node_names() -> None:
     assert all(key.startswith("system/node-3/") for key in metrics)
 
 
-def test_start_samples_at_once_and_stop_is_prompt_final_and_idempotent() -> None:
+def test_start_costs_the_caller_nothing_samples_at_once_and_stop_is_prompt_final_and_idempotent() -> None:
+    """The training thread calls start(): the first CPU sample's 0.1 s window and NVML's start-up are the
+    sampler thread's, not the first training steps'."""
     recorder = Recorder()
     sampler = SystemMetricsSampler(recorder, step_fn=lambda: 7, interval_s=60)
+    started = time.monotonic()
     sampler.start()
+    assert time.monotonic() - started < MIN_CPU_WINDOW_S / 2
+    recorder.wait_for(1)
     assert len(recorder.samples) == 1
 
     started = time.monotonic()

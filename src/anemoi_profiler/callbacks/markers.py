@@ -4,11 +4,14 @@ hooks begin and end (see `run.batch_gaps`).
 Lightning runs every callback's `on_train_batch_start` in list order, then the step, then every callback's
 `on_train_batch_end` (with `ModelCheckpoint` moved last). Ours can sit anywhere in the list; the marks, put
 first and last when the session starts and taken out at its end, bound what the other callbacks spend there.
+A mark goes in only where another callback has such hooks: each hook Lightning calls costs a few
+microseconds a batch, which a mark with nothing to bound would spend for nothing.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..run.batch_gaps import BatchGaps
@@ -47,11 +50,24 @@ class LastCallbackMark(_Mark):
         self.gaps.callbacks_end = time.perf_counter()
 
 
-def insert_marks(trainer: Any, gaps: BatchGaps) -> tuple[_Mark, _Mark]:
-    """A new list, never the list changed in place: Lightning is iterating over the old one (calling `setup`)."""
-    marks = FirstCallbackMark(gaps), LastCallbackMark(gaps)
-    trainer.callbacks = [marks[0], *trainer.callbacks, marks[1]]
+def insert_marks(trainer: Any, gaps: BatchGaps, driver: Any, ours: Callable[[Any], bool]) -> tuple[_Mark, ...]:
+    """The marks the gap around `driver` needs: first if another callback's batch-start hooks run before the
+    driver's, last if another's batch-end hooks run after it (`ours` tells the profiler's callbacks apart).
+
+    A new list, never the list changed in place: Lightning is iterating over the old one (calling `setup`).
+    """
+    callbacks = list(trainer.callbacks)
+    at = next((index for index, callback in enumerate(callbacks) if callback is driver), None)
+    before, after = (callbacks, callbacks) if at is None else (callbacks[:at], callbacks[at + 1 :])
+    first = _any_hook(before, FirstCallbackMark.USED, ours)
+    last = _any_hook(after, LastCallbackMark.USED, ours)
+    marks = (FirstCallbackMark(gaps),) * first + (LastCallbackMark(gaps),) * last
+    trainer.callbacks = [*marks[:first], *callbacks, *marks[first:]]
     return marks
+
+
+def _any_hook(callbacks: list[Any], hooks: tuple[str, ...], ours: Callable[[Any], bool]) -> bool:
+    return any(callable(getattr(c, hook, None)) for c in callbacks if not ours(c) for hook in hooks)
 
 
 def remove_marks(trainer: Any, marks: tuple[_Mark, ...]) -> None:

@@ -53,11 +53,14 @@ class StageCallback(ProfilerCallback):
             return
         timer = LoopTimer(trainer.profiler, self.clock.gaps.fetched)
         trainer.profiler = timer
-        marks = insert_marks(trainer, self.clock.gaps)
+        marks = insert_marks(trainer, self.clock.gaps, self, self._is_ours)
         self.clock.gaps.loop_timer = timer
-        ours = [c for c in trainer.callbacks if getattr(c, "session", None) is self.session or c in marks]
+        ours = [c for c in trainer.callbacks if self._is_ours(c) or any(c is mark for mark in marks)]
         self.clock.gaps.own_state_keys = frozenset(callback.state_key for callback in ours)
         self._installed = (trainer, timer, marks)
+
+    def _is_ours(self, callback: Any) -> bool:
+        return getattr(callback, "session", None) is self.session
 
     def stop_background_work(self) -> None:
         installed, self._installed = getattr(self, "_installed", None), None

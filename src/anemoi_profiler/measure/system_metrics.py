@@ -141,10 +141,10 @@ class SystemMetricsSampler:
 
     ``publish(metrics, step)`` gets ``{"system/<name>": value}`` (``system/<node_id>/<name>`` with a
     node id, MLflow's multi-node form) and ``step = step_fn()`` read at sampling time, so samples line
-    up with training steps. ``start()`` samples once right away so that even a short run has a sample,
-    ``stop()`` makes the thread take a last sample and exit. Nothing here raises into the caller: a
-    failing resource, ``step_fn`` or ``publish`` is logged once and sampling goes on.
-    Resources are built by ``start()``, so the CPU window, network and energy counters begin there.
+    up with training steps. The thread samples once as soon as it starts, so that even a short run has a
+    sample, and ``stop()`` makes it take a last sample and exit. Nothing here raises into the caller: a
+    failing resource, ``step_fn`` or ``publish`` is logged once and sampling goes on. The thread builds the
+    resources, so the CPU window, network and energy counters begin when it starts.
     """
 
     def __init__(
@@ -174,16 +174,13 @@ class SystemMetricsSampler:
         self._reported_failures: set[str] = set()
 
     def start(self) -> None:
-        """Build the resources, take the first sample now and start the sampling thread (once)."""
+        """Start the sampling thread (once); it builds the resources and takes the first sample at once.
+
+        Nothing of it runs on the caller's thread: the first CPU sample waits for a window long enough to
+        mean something, and NVML's start-up takes its time, both while the training's first steps run.
+        """
         if self._thread is not None:
             return
-        try:
-            defaults = default_resources(self.disk_path, self.gpu_ordinals, self.gpu_vendor, self.powercap_root)
-            self.resources = [*defaults, *self.extra_resources]
-        except Exception as error:
-            self._report_once("building the default resources", error)
-            self.resources = list(self.extra_resources)
-        self._sample_and_publish()
         self._thread = threading.Thread(target=self._run, name="SystemMetricsSampler", daemon=True)
         self._thread.start()
 
@@ -197,6 +194,13 @@ class SystemMetricsSampler:
             LOGGER.warning("System metrics sampler did not stop within %.1f s; leaving it behind.", timeout_s)
 
     def _run(self) -> None:
+        try:
+            defaults = default_resources(self.disk_path, self.gpu_ordinals, self.gpu_vendor, self.powercap_root)
+            self.resources = [*defaults, *self.extra_resources]
+        except Exception as error:
+            self._report_once("building the default resources", error)
+            self.resources = list(self.extra_resources)
+        self._sample_and_publish()
         stopping = False
         while not stopping:
             stopping = self._stop_event.wait(self.interval_s)

@@ -34,7 +34,7 @@ class BatchGaps:
         self._fetches = dict.fromkeys(STAGES, 0)
         self._last_end: float | None = None
         self._own_work_at_end = 0.0
-        self._split = GapTimes()
+        self._callbacks_s = self._loop_s = 0.0  # this batch's gap before it, split when it started
         self._sampling = False
 
     def fetched(self, stage: str, start: float, end: float) -> None:
@@ -47,19 +47,22 @@ class BatchGaps:
         now = time.perf_counter()
         if self._sampling:
             self._end_sample()
-        self._split = self._split_gap(now)
+        self._split_gap(now)
 
-    def batch_ended(self, stage: str, sample_next_gap: bool) -> GapTimes:
-        """This batch's gap and fetches; with `sample_next_gap`, the next gap is timed callback by callback."""
-        gap, self._split = self._split, GapTimes()
-        gap.wait_s, gap.fetches = self._fetch_s[stage], self._fetches[stage]
+    def batch_ended(self, stage: str, into: GapTimes | None, sample_next_gap: bool) -> None:
+        """Add this batch's gap and fetches to `into` (an interval's, None while nothing is measured); with
+        `sample_next_gap`, the next gap is timed callback by callback. Nothing is allocated per batch."""
+        if into is not None:
+            into.wait_s += self._fetch_s[stage]
+            into.fetches += self._fetches[stage]
+            into.callbacks_s += self._callbacks_s
+            into.loop_s += self._loop_s
         self._fetch_s[stage], self._fetches[stage] = 0.0, 0
         if sample_next_gap and self.loop_timer is not None:
             self.loop_timer.start_sample()
             self._sampling = True
         self._last_end = time.perf_counter()
         self._own_work_at_end = self._own_work()
-        return gap
 
     def reset(self) -> None:
         """A stage starts or ends: the time across it is no batch's gap, and fetches before it are no batch's."""
@@ -69,18 +72,18 @@ class BatchGaps:
         self._fetch_s = dict.fromkeys(STAGES, 0.0)
         self._fetches = dict.fromkeys(STAGES, 0)
 
-    def _split_gap(self, now: float) -> GapTimes:
+    def _split_gap(self, now: float) -> None:
         begin, end, last_end = self.callbacks_begin, self.callbacks_end, self._last_end
         self.callbacks_begin = self.callbacks_end = None
         if last_end is None:
-            return GapTimes()
+            self._callbacks_s = self._loop_s = 0.0
+            return
         own_work = self._own_work() - self._own_work_at_end  # it ran in our batch-end hook, before the others'
         gap = max(0.0, now - last_end - own_work)
         after_ours = max(0.0, end - last_end - own_work) if end is not None and end >= last_end else 0.0
         before_ours = now - begin if begin is not None and begin >= last_end else 0.0
-        callbacks = min(gap, after_ours + before_ours)
-        fetched_here = sum(self._fetch_s.values())
-        return GapTimes(callbacks_s=callbacks, loop_s=max(0.0, gap - callbacks - fetched_here))
+        self._callbacks_s = callbacks = min(gap, after_ours + before_ours)
+        self._loop_s = max(0.0, gap - callbacks - sum(self._fetch_s.values()))
 
     def _end_sample(self) -> None:
         self._sampling = False

@@ -168,11 +168,15 @@ class StageMeter:
             self._open = None
             self._own_work_s += self._own_work() - self._own_work_at_open
 
-    def count(self, samples: int, items: int, gap: GapTimes) -> None:
+    @property
+    def gap(self) -> GapTimes:
+        """The current interval's gap times, which `BatchGaps.batch_ended` adds each batch's to."""
+        return self._gap
+
+    def count(self, samples: int, items: int) -> None:
         self.batches += 1
         self._samples += samples
         self._items += items
-        self._gap.add(gap)
 
     def lap(self, step: int, extras: dict[str, float] | None = None) -> None:
         """Close the current interval (if it counted any batch) and keep the clock running."""

@@ -8,6 +8,7 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ..config import ProfilerConfig
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import diagnosis_section
+from ..tracking.sender import prestart as prestart_sender
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
@@ -56,6 +58,9 @@ class ProfilerSession:
         self.exchange = RankExchange()  # local until the session starts on every rank
         self.own_work = OwnWorkClock()
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
+        if self.config.tracking.enabled and os.environ.get("LOCAL_RANK", "0") == "0":
+            # The ranks that may log to MLflow: its client starts while the fit sets up (a logger may name another URI).
+            prestart_sender(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
 
     @property
     def failed(self) -> bool:

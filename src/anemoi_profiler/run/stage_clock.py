@@ -95,15 +95,17 @@ class StageClock:
             for listener in self.listeners:
                 listener.first_train_batch(batch, ended=True)
         meter = self.meters["train"]
-        gap = self.gaps.batch_ended("train", sample_next_gap=meter.running and meter.batches == 0)
         if meter.running:
+            self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
             samples, items = self._count("train", batch)
-            meter.count(samples, items, gap)
+            meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
                 self.lap(trainer, "train")
-        elif self.train_batches_seen == self.config.throughput.warmup_steps:
-            meter.start()
-            self.gradient_sync.take()  # the warmup's all-reduces are not steady state
+        else:
+            self.gaps.batch_ended("train", None, sample_next_gap=False)
+            if self.train_batches_seen == self.config.throughput.warmup_steps:
+                meter.start()
+                self.gradient_sync.take()  # the warmup's all-reduces are not steady state
 
     def train_end(self, trainer: Any) -> None:
         self.lap(trainer, "train", final=True)
@@ -122,11 +124,12 @@ class StageClock:
 
     def validation_batch_end(self, trainer: Any, batch: Any) -> None:
         meter = self.meters["val"]
-        gap = self.gaps.batch_ended("val", sample_next_gap=False)
-        if trainer.sanity_checking:
+        sanity_checking = trainer.sanity_checking
+        self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
+        if sanity_checking:
             return
         samples, items = self._count("val", batch)
-        meter.count(samples, items, gap)
+        meter.count(samples, items)
         if meter.batches >= self.config.log_every_n_steps:
             self.lap(trainer, "val")
 

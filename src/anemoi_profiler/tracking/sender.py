@@ -12,6 +12,8 @@ Run as `python -m anemoi_profiler.tracking.sender <fd>`: this package imports ne
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib
 import json
 import logging
 import os
@@ -27,6 +29,11 @@ from .records import Batch
 from .spool import read_run_info, replay_spool
 
 log = logging.getLogger(__name__)
+
+NICENESS = 10
+"""How much lower than the training's the sender's CPU priority is (see `serve`)."""
+DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
+"""MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
 
 
 class SenderError(RuntimeError):
@@ -106,27 +113,68 @@ class SenderProcess:
         if self._process is not None and self._replies is not None and self._process.poll() is None:
             return self._process, self._replies
         self.stop()
-        read_end, write_end = os.pipe()
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(write_end)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                text=True,
-                pass_fds=(write_end,),
-                start_new_session=True,  # a Ctrl-C in the terminal is the training's to handle, not the sender's
-            )
-        except BaseException:
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)
+        process, replies = _take_prestarted() or _spawn(store_module_for(self.tracking_uri))
         assert process.stdin is not None
         # The URI may hold credentials: it goes through the pipe, never on the command line.
         process.stdin.write(json.dumps({"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri}) + "\n")
         process.stdin.flush()
-        self._process, self._replies = process, os.fdopen(read_end, "r")
+        self._process, self._replies = process, replies
         return process, self._replies
+
+
+_prestarted: tuple[subprocess.Popen[str], IO[str]] | None = None
+_prestarted_lock = threading.Lock()
+
+
+def prestart(likely_uri: str) -> None:
+    """Start a sender now, for this process's next sink: it imports MLflow while the training sets up.
+
+    Importing MLflow and opening its store take the sender more than a second; started when the callbacks
+    are made rather than when the fit begins, that time overlaps building the model, the data and the
+    Trainer. `likely_uri` (the sink may get another, a logger's) only tells which store's code to import
+    too. A sender nobody takes ends when this process does (its stdin closes).
+    """
+    global _prestarted
+    with _prestarted_lock:
+        if _prestarted is not None and _prestarted[0].poll() is None:
+            return
+        try:
+            _prestarted = _spawn(store_module_for(likely_uri))
+        except Exception as error:  # e.g. no more processes: the sink starts its own sender when it needs one
+            log.debug("anemoi-profiler: could not start the MLflow sender early (%s)", error)
+            _prestarted = None
+
+
+def _take_prestarted() -> tuple[subprocess.Popen[str], IO[str]] | None:
+    global _prestarted
+    with _prestarted_lock:
+        taken, _prestarted = _prestarted, None
+    return taken if taken is not None and taken[0].poll() is None else None
+
+
+def store_module_for(tracking_uri: str) -> str | None:
+    """MLflow's module for the store behind `tracking_uri`, when it is a database (sqlite, PostgreSQL, ...)."""
+    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
+    return "mlflow.store.tracking.sqlalchemy_store" if scheme in DATABASE_SCHEMES else None
+
+
+def _spawn(store_module: str | None = None) -> tuple[subprocess.Popen[str], IO[str]]:
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(write_end), *([store_module] if store_module else [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            pass_fds=(write_end,),
+            start_new_session=True,  # a Ctrl-C in the terminal is the training's to handle, not the sender's
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return process, os.fdopen(read_end, "r")
 
 
 def _succeeded(reply: dict[str, Any]) -> None:
@@ -149,14 +197,26 @@ class _Warnings(logging.Handler):
         return messages
 
 
-def serve(replies_fd: int) -> None:
-    """The child's loop: one request per stdin line, one JSON reply per line on `replies_fd`."""
+def serve(replies_fd: int, store_module: str | None = None) -> None:
+    """The child's loop: one request per stdin line, one JSON reply per line on `replies_fd`.
+
+    It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
+    the very start of a run, which should go to the training's first steps when cores are short. It
+    imports them before it reads its setup (see `prestart`); `store_module` is the store's module to import
+    with them, if it is known.
+    """
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+    _import_mlflow(store_module)
     replies = os.fdopen(replies_fd, "w")
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
     package_log.addHandler(warnings)
     package_log.propagate = False
-    setup = json.loads(sys.stdin.readline())
+    line = sys.stdin.readline()
+    if not line:  # prestarted, never taken: the training process has ended
+        return
+    setup = json.loads(line)
     target = MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"])
     for line in sys.stdin:
         request = json.loads(line)
@@ -181,5 +241,26 @@ def serve(replies_fd: int) -> None:
         replies.flush()
 
 
+def _import_mlflow(store_module: str | None) -> None:
+    """Import MLflow's client (and the store's module) with the garbage collector off, then freeze what they
+    made: the collector would scan the hundreds of thousands of new objects again and again, a tenth of the
+    import's time, and again at every later collection. A missing MLflow is reported by the first request."""
+    gc.disable()
+    try:
+        from mlflow.tracking import MlflowClient  # noqa: F401
+
+        if store_module:
+            importlib.import_module(store_module)
+    except ImportError:
+        pass
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    # Every request was answered: skip the interpreter's teardown of MLflow's modules, which takes most of a
+    # second that the training process's close would spend waiting for this process to end.
+    sys.stderr.flush()
+    os._exit(0)
