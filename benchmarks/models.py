@@ -52,6 +52,7 @@ MLP_FEATURES = 64
 SPECS = {
     "cpu": ModelSpec("cpu", "mlp", width=256, layers=4, batch_size=64),
     "tiny": ModelSpec("tiny", "mlp", width=32, layers=2, batch_size=16),
+    "cpu-5ms": ModelSpec("cpu-5ms", "mlp", width=512, layers=4, batch_size=128),
     "h200": ModelSpec(
         "h200",
         "transformer",

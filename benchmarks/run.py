@@ -40,12 +40,13 @@ from sections import (
     throughput_accuracy,
     trace_and_report_cost,
 )
+from short_run import CONTROL_LIMIT_PCT, short_run
 from slow_proxy import MlflowServer
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_NAME = Path("fixtures/traces/h200_single_gpu/rank-0.pt.trace.json.gz")
 FIXTURE_CANDIDATES = (REPO.parent / "shared" / FIXTURE_NAME, REPO / "shared" / FIXTURE_NAME)
-SECTIONS = ("overhead", "sink", "trace", "hta", "detailed")
+SECTIONS = ("overhead", "sink", "trace", "hta", "detailed", "short")
 H200_BASELINE = {
     "bare_step_ms": 23.96,
     "ThroughputMonitor_ratio": 1.105,
@@ -66,16 +67,19 @@ class Mode:
     hta_ranks: tuple[int, ...]
     hta_time_limit_s: float
     loop_blocks: int
+    short_specs: tuple[str, str]
+    short_repetitions: int
+    short_script_repetitions: int
 
 
 ALL = tuple(CONFIGURATIONS)
 # First use of the profiler in a process initialises CUPTI; the first of ours opens the sqlite store.
 CUDA_WARM_UP = ("bare", "ours: always-on", "Lightning PyTorchProfiler")
 MODES = {
-    ("full", "cpu"): Mode("cpu", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20),
-    ("full", "cuda"): Mode("h200", 10, 60, 3, CUDA_WARM_UP, 200, (1, 2, 4, 8), 300, 20),
-    ("quick", "cpu"): Mode("tiny", 3, 20, 1, ("bare", "ours: always-on"), 40, (1,), 120, 3),
-    ("quick", "cuda"): Mode("h200", 5, 20, 1, ("bare", "ours: always-on"), 40, (1, 2), 120, 3),
+    ("full", "cpu"): Mode("cpu", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20, ("cpu-5ms", "cpu"), 9, 5),
+    ("full", "cuda"): Mode("h200", 10, 60, 3, CUDA_WARM_UP, 200, (1, 2, 4, 8), 300, 20, ("h200", "h200"), 3, 1),
+    ("quick", "cpu"): Mode("tiny", 3, 20, 1, ("bare", "ours: always-on"), 40, (1,), 120, 3, ("tiny", "tiny"), 1, 1),
+    ("quick", "cuda"): Mode("h200", 5, 20, 1, ("bare", "ours: always-on"), 40, (1, 2), 120, 3, ("h200", "h200"), 1, 1),
 }
 
 CONTENTION = 2.0
@@ -110,6 +114,15 @@ def overhead_noise(results: dict[str, Any], threshold: float) -> str | None:
             f"{threshold:g}% here; see the always-on cost target"
         )
     return None
+
+
+def short_run_noise(results: dict[str, Any], threshold: float) -> str | None:
+    """The early-steps figure counts only when its bare-vs-bare control stayed within 1 %."""
+    section = results["short_run"]
+    if section["control_within_limit"]:
+        return None
+    attempts = ", ".join(f"{pct:+.1f}" for pct in section["attempts"])
+    return f"bare against bare strayed beyond {CONTROL_LIMIT_PCT:g}% in every attempt ({attempts} %): not counted"
 
 
 def outside_windows_excess(results: dict[str, Any]) -> float:
@@ -187,6 +200,28 @@ TARGETS = [
         cuda_threshold=0.5,
     ),
     Target(
+        "short_run_early_steps_pct",
+        "short run, batches 40-160 of 160 (early-steps model), default callbacks vs bare (median overhead %)",
+        "<=",
+        1.0,
+        lambda r: r["short_run"]["early_steps"]["overhead_pct"],
+        short_run_noise,
+    ),
+    Target(
+        "short_run_fit_extra_s",
+        "short run: fit() wall time (end model), default callbacks minus bare (s)",
+        "<=",
+        1.0,
+        lambda r: r["short_run"]["fit"]["extra_s"],
+    ),
+    Target(
+        "short_run_script_extra_s",
+        "short run: a script that fits (end model) and exits, default callbacks minus bare (s)",
+        "<=",
+        2.0,
+        lambda r: r["short_run"]["script"]["extra_s"],
+    ),
+    Target(
         "outside_windows_excess_pp",
         "detailed preset outside its windows vs always-on: |median ratio - 1| beyond the control's (pp)",
         "<=",
@@ -262,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
             section("sink_cost", run_sink)
         if fits:
             section("throughput_accuracy", lambda: throughput_accuracy(fits))
+        if "short" in sections:
+            section(
+                "short_run",
+                lambda: short_run(
+                    work_dir, mode.short_specs, device, mode.short_repetitions, mode.short_script_repetitions
+                ),
+            )
         if "hta" in sections:
             fixture = hta_source(args.fixture, results)
             section("hta_scaling", lambda: hta_scaling(fixture, mode.hta_ranks, mode.hta_time_limit_s, work_dir))
@@ -406,6 +448,7 @@ def render(results: dict[str, Any]) -> str:
     lines += render_trace(results.get("trace_cost"), results.get("report_cost"))
     lines += render_hta(results.get("hta_scaling"))
     lines += render_detailed(results.get("detailed_preset"))
+    lines += render_short_run(results.get("short_run"))
     lines += ["", "Targets"]
     for target in results["targets"]:
         value = "n/a" if target["value"] is None else f"{target['value']:.3g}"
@@ -583,6 +626,38 @@ def render_detailed(section: dict[str, Any] | None) -> list[str]:
             lines.append(f"    ({next(iter(window['skipped'].values()))})")
     if hta.get("note"):
         lines.append(f"  HTA: {hta['note']}")
+    return lines
+
+
+def render_short_run(section: dict[str, Any] | None) -> list[str]:
+    if not section or "early_steps" not in section:
+        return note_lines("Short run", section)
+    lines = ["", f"Short run ({section['steps']} steps, {section['repetitions']} interleaved repetitions)"]
+    window = f"batches {section['early_window'][0]}-{section['early_window'][1]}"
+    names = {"early_steps_set": "early-steps model", "end_set": "end model"}
+    sets = {key: section[key] for key in names if key in section}
+    for key, measured in sets.items():
+        if key == "end_set" and measured is sets.get("early_steps_set"):
+            continue
+        early, fit = measured["early_steps"], measured["fit"]
+        lines += [
+            f"  {measured['spec']} ({names[key]}; attempts' controls "
+            f"{', '.join(f'{pct:+.2f}' for pct in measured['attempts'])} %)",
+            f"    early steps ({window}): bare {early['bare_ms']:.3f} ms, ours {early['ours_ms']:.3f} ms: "
+            f"{early['overhead_pct']:+.2f} % (bare vs bare {early['control_pct']:+.2f} %)",
+            f"    fit(): bare {fit['bare_s']:.2f} s, ours {fit['ours_s']:.2f} s: {fit['extra_s']:+.2f} s "
+            f"(bare vs bare {fit['control_s']:+.2f} s)",
+            "    the profiled fits' end (median s): "
+            + ", ".join(f"{step} {s:.2f}" for step, s in measured["end_breakdown_s"].items() if s >= 0.005),
+        ]
+    script, delivered = section["script"], section["delivered"]
+    lines += [
+        f"  a script that fits and exits ({script['spec']}): bare {script['bare_s']:.2f} s, ours "
+        f"{script['ours_s']:.2f} s: {script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s)",
+        f"  MLflow after the last profiled fit: {delivered['status']}, "
+        f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
+        f"spools left behind: {section['end_set']['spool_left']}",
+    ]
     return lines
 
 

@@ -1,12 +1,14 @@
 """`report.html`: the whole run on one self-contained page, diagnosis first.
 
 One file that opens anywhere, offline, and can be mailed or attached to an issue: inline CSS, plots as
-inline SVG, no script, nothing fetched from the network. Names come from the user's model and traces
-(modules, operators, kernels) and are HTML-escaped like every other value on the page.
+embedded PNG images (the same as `plots/*.png`), no script, nothing fetched from the network. Names come
+from the user's model and traces (modules, operators, kernels) and are HTML-escaped like every other value
+on the page.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,7 +20,7 @@ from ..report import format_value
 from .description import key_figures
 from .diagnosis import TITLE as DIAGNOSIS_TITLE
 from .diagnosis import NotAssessed, Outcome, assess, fired
-from .plots import figures, svg_markup
+from .plots import plot_images, write_plot_images
 from .run_data import RunData, load_run
 
 MAX_NAME = 120
@@ -56,24 +58,28 @@ dl.header dt { color: var(--muted); } dl.header dd { margin: 0; }
 .tile { background: var(--bg); padding: 8px 14px; min-width: 150px; border-radius: 4px; }
 .tile b { display: block; font-size: 20px; } .tile span { color: var(--muted); font-size: 12px; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
-.plots svg { width: 100%; height: auto; }
+.plots img { width: 100%; height: auto; }
 pre { background: var(--bg); padding: 10px; overflow-x: auto; font-size: 12px; }
 tr.regression td { background: #fdecea; } tr.improvement td { background: #eaf7ee; }
 """
 
 
 def write_html_report(run_dir: Path) -> Path:
-    """Write `<run folder>/report.html` from the run folder's files; return its path."""
+    """Write `<run folder>/report.html` and the plots it shows, `plots/*.png`, from the run folder's files;
+    return the page's path."""
     run = load_run(run_dir)
+    images = plot_images(run)
     path = run.folder / REPORT_HTML
-    path.write_text(render_html(run), encoding="utf-8")
+    path.write_text(render_html(run, images), encoding="utf-8")
+    write_plot_images(run.folder, images)
     return path
 
 
-def render_html(run: RunData) -> str:
+def render_html(run: RunData, images: dict[str, bytes] | None = None) -> str:
+    """The page; `images` are the run's plots as PNG (see `plots.plot_images`), drawn now if not given."""
     parts = {
         "diagnosis": _diagnosis(assess(run)),
-        "plots": _plots(run),
+        "plots": _plots(plot_images(run) if images is None else images),
         "operators": _operators(run),
         "model": _model_summary(run),
         "hta": _hta(run),
@@ -151,8 +157,12 @@ def _key_numbers(run: RunData) -> str:
     return f"<div class='tiles'>{''.join(tiles)}</div>{note}" if tiles else ""
 
 
-def _plots(run: RunData) -> str:
-    plots = "".join(f"<figure>{svg_markup(figure, f'{name}-')}</figure>" for name, figure in figures(run).items())
+def _plots(images: dict[str, bytes]) -> str:
+    plots = "".join(
+        f"<figure><img alt='{esc(name.replace('_', ' '))} plot' src='data:image/png;base64,"
+        f"{base64.b64encode(image).decode('ascii')}'></figure>"
+        for name, image in images.items()
+    )
     return f"<h2>Plots</h2><div class='plots'>{plots}</div>" if plots else ""
 
 

@@ -1,8 +1,9 @@
 """The report's plots, drawn from `metrics.json`: throughput, step-time breakdown, peak memory, system metrics.
 
 Built with matplotlib's object API (`Figure`, no pyplot): no global state, no GUI backend, safe from the
-training process's threads. The same figures go inline into report.html (SVG) and, as PNGs under
-`<run folder>/plots/`, to the MLflow run.
+training process's threads. Each plot is drawn once, as a PNG, at the end of the run: report.html embeds it
+and `<run folder>/plots/` keeps it for the MLflow run (drawing is most of the report's cost at the end of a
+short run; a second drawing as SVG for the page doubled it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..layout import PLOTS_DIR
 from .run_data import RunData, load_run
 
 SIZE = (8.0, 3.2)
+PNG_DPI = 120
 CAPACITY_LINE_FROM = 0.2
 """The device's capacity is drawn as a line once the peak reaches this share of it (it is in the title anyway)."""
 MAX_GPU_LINES = 4
@@ -144,14 +146,24 @@ def figures(run: RunData | Path) -> dict[str, Figure]:
     return {name: figure for name, figure in drawn.items() if figure is not None}
 
 
-def write_plot_images(run_dir: Path) -> list[Path]:
-    """`<run folder>/plots/<name>.png`, which the session uploads with the run folder."""
+def plot_images(run: RunData | Path) -> dict[str, bytes]:
+    """The plots this run has data for, by name, as PNG bytes."""
+    images = {}
+    for name, figure in figures(run).items():
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=PNG_DPI)
+        images[name] = buffer.getvalue()
+    return images
+
+
+def write_plot_images(run_dir: Path, images: dict[str, bytes] | None = None) -> list[Path]:
+    """`<run folder>/plots/<name>.png` (drawn now unless `images` are given), uploaded with the run folder."""
     folder = Path(run_dir) / PLOTS_DIR
     written = []
-    for name, figure in figures(run_dir).items():
+    for name, image in (plot_images(run_dir) if images is None else images).items():
         folder.mkdir(exist_ok=True)
         written.append(folder / f"{name}.png")
-        figure.savefig(written[-1], format="png", dpi=110)
+        written[-1].write_bytes(image)
     return written
 
 

@@ -58,6 +58,7 @@ class ProfilerSession:
         self.exchange = RankExchange()  # local until the session starts on every rank
         self.own_work = OwnWorkClock()
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
+        self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         if self.config.tracking.enabled and os.environ.get("LOCAL_RANK", "0") == "0":
             # The ranks that may log to MLflow: its client starts while the fit sets up (a logger may name another URI).
             prestart_sender(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
@@ -189,11 +190,14 @@ class ProfilerSession:
             return
         run_id = logger.run_id if logger is not None else None
         prefix = trainer_info.logger_prefix(logger) if logger is not None else ""
+        # Each other node's local rank 0 logs its system metrics into rank 0's run, so on several nodes rank 0
+        # waits for the run to exist (while the others wait for rank 0). On one node nobody needs its id yet.
+        other_nodes = self.world_size > 1 and trainer_info.num_nodes(trainer) > 1
         if self.is_global_zero:
             self.sink = self._open_sink(run_id, prefix)
-            if self.world_size > 1 and run_id is None and self.sink is not None:
+            if other_nodes and run_id is None and self.sink is not None:
                 run_id = self.sink.wait_for_run(timeout_s=60.0)
-        if self.world_size > 1:
+        if other_nodes:
             # One MLflow run per job: rank 0 created (or found) it, the others write into it.
             run_id = self._from_rank_zero(trainer, run_id)
             if not self.is_global_zero and self.local_rank == 0 and run_id:
@@ -245,13 +249,20 @@ class ProfilerSession:
              lambda: sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
             (self.is_global_zero, "print where to look", lambda: print_where_to_look(run_dir, sink)),
         ]  # fmt: skip
+        self.end_seconds = {}
         for wanted, what, action in steps:
             if not wanted:
                 continue
+            started = time.perf_counter()
             try:
                 action()
             except Exception as error:
                 log.warning("anemoi-profiler: could not %s: %s: %s", what, type(error).__name__, error)
+            self.end_seconds[what] = time.perf_counter() - started
+        log.debug(
+            "anemoi-profiler: the end of the run took %s",
+            ", ".join(f"{k} {v:.2f} s" for k, v in self.end_seconds.items()),
+        )
 
     def _run_after_release(self) -> None:
         for work in self._after_release:
@@ -281,11 +292,9 @@ class ProfilerSession:
 
     def _write_html_report(self) -> None:
         from ..reports.html import write_html_report  # matplotlib is imported only here
-        from ..reports.plots import write_plot_images
 
         assert self.run_dir is not None
-        write_html_report(self.run_dir)
-        write_plot_images(self.run_dir)  # plots/*.png, uploaded with the run folder
+        write_html_report(self.run_dir)  # and plots/*.png, uploaded with the run folder
 
     # ---- what callbacks call ----
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

@@ -1,0 +1,228 @@
+"""Short runs: what the default callbacks cost a 160-step fit in its first seconds and at its end.
+
+A short run (tens to hundreds of steps, to compare code versions, in CI or a notebook) is measured while the
+profiler's start-up work runs beside it (the MLflow sender importing MLflow, the first system sample) and
+ends with the profiler's end work (report, report.html, the last sends). Three figures, each bare against
+the default callbacks (`build_callbacks(ProfilerConfig.load(None, ...))`, a warm sqlite store), with a bare
+run against another bare run as the control, interleaved in one run in an order rotated per repetition:
+
+- early steps: the median step time over batches 40-160 of each fit, as a ratio to the bare fit of the same
+  repetition; the section's figure is the median ratio. A set whose control strays by more than 1 % is
+  repeated, not counted (the attempts are kept in the results).
+- `fit()`: its wall time, the callbacks built just before the Trainer (after the model and the data, so
+  the sender's start has the least head start a script can give it).
+- a script that fits and exits: a fresh interpreter's wall time, imports included, from start to exit.
+
+Each in-process figure is taken on two models: a 5 ms step, where the hooks' steady cost per batch (tens of
+microseconds: Lightning dispatching two hooks and our bodies, see the always-on section) is well under 1 %,
+so that the early-steps figure shows what the start-up adds; and a 1 ms step, whose 0.2 s fit ends long
+before the MLflow sender is ready, the hardest case for the end. The script uses the 1 ms step.
+
+The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`),
+and after the last repetition one profiled run is read back from MLflow: every metric of its metrics.json
+there, its status FINISHED, no spool left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from configurations import missing
+from models import SPECS, make_loader, make_model, make_trainer, samples_in
+
+STEPS = 160
+EARLY = (40, 160)
+"""Batches (1-based, inclusive of the end) whose step times are compared."""
+CONTROL_LIMIT_PCT = 1.0
+KINDS = ("bare", "ours", "bare (control)")
+SCRIPT = Path(__file__).with_name("short_run_script.py")
+
+
+class BatchEnds(pl.Callback):
+    """The time each training batch ended; a step is the time between two ends (on a GPU, after the device
+    finished it, in bare and profiled fits alike)."""
+
+    def __init__(self, sync_cuda: bool) -> None:
+        self.ends: list[float] = []
+        self.sync_cuda = sync_cuda
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+        self.ends.append(time.perf_counter())
+
+
+def early_step_ms(ends: list[float]) -> float:
+    first, last = EARLY
+    steps = [b - a for a, b in zip(ends[first - 2 : last - 1], ends[first - 1 : last], strict=True)]
+    return statistics.median(steps) * 1000
+
+
+def profiled_callbacks(work_dir: Path, store: str) -> list[Any]:
+    from anemoi_profiler import ProfilerConfig, build_callbacks
+
+    config = ProfilerConfig.load(None, [f"output_dir={work_dir / 'runs'}", f"tracking.uri={store}"])
+    return build_callbacks(config, batch_size_fn=samples_in)
+
+
+def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str) -> dict[str, Any]:
+    """One 160-step fit; for `ours`, the session's end breakdown and where its MLflow run went."""
+    spec = SPECS[spec_name]
+    model, loader = make_model(spec, device), make_loader(spec, STEPS)
+    clock = BatchEnds(sync_cuda=device == "cuda")
+    ours = profiled_callbacks(work_dir, store) if kind == "ours" else []
+    trainer = make_trainer(spec, device, STEPS, [*ours, clock])
+    with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
+        started = time.perf_counter()
+        trainer.fit(model, loader)
+        fit_s = time.perf_counter() - started
+    row: dict[str, Any] = {"kind": kind, "early_step_ms": early_step_ms(clock.ends), "fit_s": fit_s}
+    if ours:
+        session = ours[0].session
+        row["end_s"] = dict(session.end_seconds)
+        row["run_dir"] = str(session.run_dir)
+        row["run_id"] = session.sink.run_id if session.sink is not None else None
+        row["spool_left"] = bool(session.run_dir and (session.run_dir / "spool").exists())
+    return row
+
+
+def _rotated(repetition: int) -> tuple[str, ...]:
+    shift = repetition % len(KINDS)
+    return KINDS[shift:] + KINDS[:shift]
+
+
+def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
+    rows = [
+        short_fit(spec, device, kind, work_dir, store)
+        for repetition in range(repetitions)
+        for kind in _rotated(repetition)
+    ]
+    by_kind = {kind: [row for row in rows if row["kind"] == kind] for kind in KINDS}
+    bare, ours, control = (by_kind[kind] for kind in KINDS)
+    ratios = [o["early_step_ms"] / b["early_step_ms"] for o, b in zip(ours, bare, strict=True)]
+    controls = [c["early_step_ms"] / b["early_step_ms"] for c, b in zip(control, bare, strict=True)]
+    median = {kind: statistics.median(row["fit_s"] for row in by_kind[kind]) for kind in KINDS}
+    ends = [row["end_s"] for row in ours]
+    return {
+        "early_steps": {
+            "bare_ms": statistics.median(row["early_step_ms"] for row in bare),
+            "ours_ms": statistics.median(row["early_step_ms"] for row in ours),
+            "overhead_pct": (statistics.median(ratios) - 1) * 100,
+            "control_pct": (statistics.median(controls) - 1) * 100,
+            "ratios": ratios,
+            "control_ratios": controls,
+        },
+        "fit": {
+            "bare_s": median["bare"],
+            "ours_s": median["ours"],
+            "extra_s": median["ours"] - median["bare"],
+            "control_s": median["bare (control)"] - median["bare"],
+            "ours_runs_s": [row["fit_s"] for row in ours],
+        },
+        "end_breakdown_s": {step: statistics.median(end.get(step, 0.0) for end in ends) for step in ends[0]},
+        "spool_left": sum(row["spool_left"] for row in ours),
+        "last_profiled": ours[-1],
+    }
+
+
+def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
+    walls: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for repetition in range(repetitions):
+        for kind in _rotated(repetition):
+            command = [sys.executable, str(SCRIPT), "--spec", spec, "--device", device, "--steps", str(STEPS)]
+            command += ["--work-dir", str(work_dir)]
+            if kind == "ours":
+                command += ["--profiled", "--store", store]
+            started = time.perf_counter()
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            walls[kind].append(time.perf_counter() - started)
+            if completed.returncode != 0:
+                raise RuntimeError(f"{kind} script exited {completed.returncode}: {completed.stderr[-2000:]}")
+    median = {kind: statistics.median(values) for kind, values in walls.items()}
+    return {
+        "bare_s": median["bare"],
+        "ours_s": median["ours"],
+        "extra_s": median["ours"] - median["bare"],
+        "control_s": median["bare (control)"] - median["bare"],
+        "runs_s": walls,
+    }
+
+
+def delivered(row: dict[str, Any], store: str) -> dict[str, Any]:
+    """The profiled run as MLflow has it: every metric of its metrics.json, FINISHED (read after all timings,
+    so MLflow is never imported into the process while it times fits)."""
+    from mlflow.tracking import MlflowClient
+
+    keys = set(json.loads((Path(row["run_dir"]) / "metrics.json").read_text()))
+    run = MlflowClient(store).get_run(row["run_id"])
+    absent = sorted(key for key in keys if key not in run.data.metrics)
+    return {"status": run.info.status, "metrics": len(keys), "absent": absent, "spool_left": row["spool_left"]}
+
+
+def _counted_set(spec: str, device: str, repetitions: int, folder: Path, store: str, attempts: int) -> dict[str, Any]:
+    """In-process sets until one's control is within 1 % (at most `attempts`); the last one, with the tries."""
+    tried = []
+    for _ in range(attempts):
+        tried.append(_fit_set(spec, device, repetitions, folder, store))
+        if abs(tried[-1]["early_steps"]["control_pct"]) <= CONTROL_LIMIT_PCT:
+            break
+    result = tried[-1]
+    return {
+        "spec": SPECS[spec].describe(),
+        "attempts": [attempt["early_steps"]["control_pct"] for attempt in tried],
+        "control_within_limit": abs(result["early_steps"]["control_pct"]) <= CONTROL_LIMIT_PCT,
+        **result,
+    }
+
+
+def short_run(
+    work_dir: Path,
+    specs: tuple[str, str],
+    device: str,
+    repetitions: int,
+    script_repetitions: int,
+    attempts: int = 3,
+) -> dict[str, Any]:
+    """The section; `specs` are the (early steps, end) models: the first's early steps and the second's `fit()`
+    and script are the figures held to the targets."""
+    absent = missing("anemoi_profiler", "omegaconf", "torchinfo", "mlflow")
+    if absent:
+        return {"note": f"skipped: cannot import {', '.join(absent)}"}
+    folder = work_dir / "short_run"
+    folder.mkdir(parents=True, exist_ok=True)
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    short_fit(specs[1], device, "ours", folder, store)  # warm store: the schema is created once, as on any later run
+    early_spec, end_spec = specs
+    sets = {"early": _counted_set(early_spec, device, repetitions, folder, store, attempts)}
+    sets["end"] = (
+        sets["early"]
+        if end_spec == early_spec
+        else _counted_set(end_spec, device, repetitions, folder, store, attempts)
+    )
+    last = sets["end"].pop("last_profiled")
+    sets["early"].pop("last_profiled", None)
+    return {
+        "steps": STEPS,
+        "early_window": list(EARLY),
+        "repetitions": repetitions,
+        "early_steps_set": sets["early"],
+        "end_set": sets["end"],
+        "early_steps": sets["early"]["early_steps"],
+        "control_within_limit": sets["early"]["control_within_limit"],
+        "attempts": sets["early"]["attempts"],
+        "fit": sets["end"]["fit"],
+        "delivered": delivered(last, store),
+        "script": {
+            "spec": SPECS[end_spec].describe(),
+            **_script_set(end_spec, device, script_repetitions, folder, store),
+        },
+    }
