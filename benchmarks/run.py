@@ -76,7 +76,7 @@ ALL = tuple(CONFIGURATIONS)
 # First use of the profiler in a process initialises CUPTI; the first of ours opens the sqlite store.
 CUDA_WARM_UP = ("bare", "ours: always-on", "Lightning PyTorchProfiler")
 MODES = {
-    ("full", "cpu"): Mode("cpu", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20, ("cpu-5ms", "cpu"), 9, 5),
+    ("full", "cpu"): Mode("cpu", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20, ("cpu-5ms", "cpu"), 15, 5),
     ("full", "cuda"): Mode("h200", 10, 60, 3, CUDA_WARM_UP, 200, (1, 2, 4, 8), 300, 20, ("h200", "h200"), 3, 1),
     ("quick", "cpu"): Mode("tiny", 3, 20, 1, ("bare", "ours: always-on"), 40, (1,), 120, 3, ("tiny", "tiny"), 1, 1),
     ("quick", "cuda"): Mode("h200", 5, 20, 1, ("bare", "ours: always-on"), 40, (1, 2), 120, 3, ("h200", "h200"), 1, 1),

@@ -211,11 +211,12 @@ def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Pa
     output = tmp_path / "downloaded"
     assert report_command.run(report_args(run_id, "--tracking-uri", sqlite_uri, "--output", str(output))) == 0
     downloaded = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
+    # the plots are drawn again with report.html
     assert downloaded == [
         "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
         "model_summary.txt", "plots/memory.png", "plots/step_time.png", "plots/system.png", "plots/throughput.png",
         "report.html", "report.json", "report.txt", "time_report.json",
-    ]  # fmt: skip (the plots are drawn again with report.html)
+    ]  # fmt: skip
     assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()
     assert report_command.run(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1
 

@@ -67,7 +67,15 @@ def insert_marks(trainer: Any, gaps: BatchGaps, driver: Any, ours: Callable[[Any
 
 
 def _any_hook(callbacks: list[Any], hooks: tuple[str, ...], ours: Callable[[Any], bool]) -> bool:
-    return any(callable(getattr(c, hook, None)) for c in callbacks if not ours(c) for hook in hooks)
+    return any(_does_something(c, hook) for c in callbacks if not ours(c) for hook in hooks)
+
+
+def _does_something(callback: Any, hook: str) -> bool:
+    """The hook is callable and not Lightning's empty `Callback.<hook>` (in either namespace)."""
+    function = getattr(callback, hook, None)
+    if not callable(function):
+        return False
+    return getattr(getattr(function, "__func__", function), "__qualname__", "") != f"Callback.{hook}"
 
 
 def remove_marks(trainer: Any, marks: tuple[_Mark, ...]) -> None:

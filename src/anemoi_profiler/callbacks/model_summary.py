@@ -7,7 +7,8 @@ The summary runs one extra forward pass on rank 0, in eval mode under `torch.no_
 precision context. Afterwards every submodule's train/eval flag and the CPU and CUDA RNG states are restored;
 dtypes and devices are never changed (torchinfo is always given the input, so it moves nothing), no
 gradients are made and torchinfo's hooks are removed. State a forward pass mutates by itself, outside
-parameters, BatchNorm-style buffers and the RNG (counters, caches, `self.log`), is not rolled back.
+parameters, BatchNorm-style buffers and the RNG (counters, caches, `self.log`), is not rolled back. A
+compiled model runs it eagerly (`run.eager`): it adds no graph, recompile or graph break to the training's.
 
 How the model is called from a batch (the first call that matches `forward`'s signature and runs wins):
 - `input_fn(batch)` when given: a tuple is passed as positional arguments, a dict as keyword arguments,
@@ -39,6 +40,7 @@ from ..config import ConfigSource, ProfilerConfig
 from ..layout import MODEL_SUMMARY_FILE
 from ..report import ReportSection
 from ..run import trainer_info
+from ..run.eager import eager
 from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
@@ -104,7 +106,7 @@ def summarize_model(
     failures = []
     for call in calls:
         try:
-            with preserved_model_state(model), (forward_context or contextlib.nullcontext)():
+            with preserved_model_state(model), eager(), (forward_context or contextlib.nullcontext)():
                 statistics = _run_torchinfo(model, call, depth)
             mult_adds, table = int(statistics.total_mult_adds), str(statistics)
         except Exception as error:

@@ -6,9 +6,11 @@ time on an H200): intervals are timed with CUDA events read an interval later (s
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -17,11 +19,15 @@ from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..run import trainer_info
+from ..run.eager import can_run_eagerly, eager, is_compiled
 from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
 
 log = logging.getLogger(__name__)
+
+TRAINING_STEP_ACTION = "run_training_batch"
+"""Lightning's profiler action around a training step (forward, backward, optimizer step), without the hooks."""
 
 
 def import_function(path: str) -> Callable[..., Any]:
@@ -103,18 +109,22 @@ class ThroughputCallback(StageCallback):
 
     # ---- FLOPs of one real step, measured once during warmup ----
     def first_train_batch(self, batch: Any, ended: bool) -> None:
+        """Count the FLOPs of the first training step: Lightning's `run_training_batch` block alone where the loop
+        timer sees it (no callback's hooks, such as the model summary's forward pass), else the whole batch."""
         try:
             if not ended and self._should_measure_flops():
-                from torch.utils.flop_counter import FlopCounterMode
-
-                self._flop_counter = FlopCounterMode(display=False)
-                self._flop_counter.__enter__()
+                self._flop_counter = _StepFlops()
+                timer = self.clock.gaps.loop_timer
+                if timer is not None:
+                    timer.around_next(TRAINING_STEP_ACTION, self._flop_counter.counting)
+                else:
+                    self._flop_counter.start()
             elif ended and self._flop_counter is not None:
                 counter, self._flop_counter = self._flop_counter, None
-                counter.__exit__(None, None, None)
+                total = counter.stop()
                 samples = self.count_batch("train", batch)[0]
-                if samples and counter.get_total_flops():
-                    self.flops_per_sample = counter.get_total_flops() / samples / self._global_shape_share()
+                if samples and total:
+                    self.flops_per_sample = total / samples / self._global_shape_share()
         except Exception as error:  # MFU is left out; the rates are still measured
             self._flop_counter = None
             self._warn_once("flops", f"could not count FLOPs ({type(error).__name__}: {error}); MFU not reported")
@@ -132,7 +142,22 @@ class ThroughputCallback(StageCallback):
 
     def _should_measure_flops(self) -> bool:
         options = self.config.throughput
-        return bool(options.measure_flops and self.peak_flops and self.flops_per_sample is None)
+        if not (options.measure_flops and self.peak_flops and self.flops_per_sample is None):
+            return False
+        if is_compiled(self._pl_module) and not can_run_eagerly():
+            self._warn_once(
+                "flops",
+                "FLOPs not counted: on torch < 2.6 counting a compiled model's step would stop it compiling; "
+                "set throughput.flops_per_sample for MFU",
+            )
+            return False
+        return True
+
+    def stop_background_work(self) -> None:
+        super().stop_background_work()
+        if self._flop_counter is not None:  # the first step failed: leave neither the counter nor eager mode on
+            self._flop_counter.stop()
+            self._flop_counter = None
 
     # ---- metrics ----
     def rank_values(self, stage: str) -> dict[str, float]:
@@ -206,10 +231,77 @@ class ThroughputCallback(StageCallback):
         if not values or not self.session.is_global_zero:
             return None, {}
         parallelism = self.session.parallelism
-        note = (
+        notes = [
             f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
             f"training time. Global: every rank's rate summed over {self.world_size} rank(s), each of the "
             f"{parallelism.data_parallel_size} data-parallel replica(s) of {parallelism.ranks_per_replica} rank(s) "
             f"counted once ({parallelism.source}); device: rank {self.session.global_rank}."
-        )
-        return ReportSection.key_values("Throughput", values, note), summary
+        ]
+        overlap_s, measured_s = self._startup_overlap_s()
+        if overlap_s:
+            values["train/startup_overlap_s"] = (overlap_s, "s")
+            share = "All" if overlap_s >= measured_s else f"The first {overlap_s:.2g} s"
+            notes.append(
+                f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
+                "MLflow sender, a separate process, importing MLflow and opening the store): where no core is free "
+                "for it, those steps read slower. A longer run, or more warmup_steps, measures without it."
+            )
+        if is_compiled(self._pl_module) and self.flops_per_sample:
+            notes.append(
+                "The model is compiled: its FLOPs were counted on the first step run eagerly (the operators the "
+                "compiled graphs compute); the rates and MFU are the compiled steps'."
+            )
+        return ReportSection.key_values("Throughput", values, " ".join(notes)), summary
+
+    def _startup_overlap_s(self) -> tuple[float, float]:
+        """Seconds of measured training that ran while the profiler's start-up work went on beside it, and the
+        span of measured training (from its first measured batch to its end)."""
+        meter = self.clock.meters["train"]
+        startup_until = self.session.startup_work_until()
+        if meter.first_started_at is None or meter.last_stopped_at is None or startup_until is None:
+            return 0.0, 0.0
+        measured_s = meter.last_stopped_at - meter.first_started_at
+        return max(0.0, min(startup_until, meter.last_stopped_at) - meter.first_started_at), measured_s
+
+
+class _StepFlops:
+    """Torch's FLOP counter over one training step, which runs eagerly meanwhile: under the counter, a compiled
+    model would never compile (see `run.eager`); it compiles on the next step instead, with the same graphs."""
+
+    def __init__(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._counter = FlopCounterMode(display=False)
+        self._active: contextlib.ExitStack | None = None
+        self._done = False
+        self._total = 0
+
+    def start(self) -> None:
+        if self._done or self._active is not None:
+            return
+        self._active = contextlib.ExitStack()
+        self._active.enter_context(eager())
+        self._active.enter_context(warnings.catch_warnings())
+        # A compiled submodule warns that the counter's module hooks fire twice: they do not change the count.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+        self._active.enter_context(self._counter)
+
+    def stop(self) -> int:
+        """The FLOPs counted (0 when counting never started); a later `start` does nothing."""
+        self._done = True
+        self._finish()
+        return self._total
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        self.start()
+        try:
+            yield
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._active is not None:
+            active, self._active = self._active, None
+            active.close()
+            self._total = int(self._counter.get_total_flops())

@@ -145,6 +145,10 @@ class StageMeter:
         self._items = 0
         self._gap = GapTimes()
         self._pending: list[Lap] = []
+        self.first_started_at: float | None = None
+        """`perf_counter` when the stage's first measured interval began (after the warmup)."""
+        self.last_stopped_at: float | None = None
+        """`perf_counter` when it last stopped (for training: at a validation or the end of training)."""
 
     @property
     def running(self) -> bool:
@@ -161,11 +165,14 @@ class StageMeter:
         if self._open is None:
             self._open = self._mark()
             self._own_work_at_open = self._own_work()
+            if self.first_started_at is None:
+                self.first_started_at = time.perf_counter()
 
     def stop(self) -> None:
         if self._open is not None:
             self._segments.append((self._open, self._mark()))
             self._open = None
+            self.last_stopped_at = time.perf_counter()
             self._own_work_s += self._own_work() - self._own_work_at_open
 
     @property

@@ -6,14 +6,15 @@ combined loader) and `"[_EvaluationLoop].val_next"` around validation fetches, a
 in `trainer.profiler.profile("[Callback]<state key>.<hook>")`. Standing in for the profiler (the user's
 `SimpleProfiler` or `PyTorchProfiler` as well as Lightning's do-nothing default) sees both without a hook of
 our own: every call goes on to the real profiler unchanged. `profile` is the real profiler's own method
-except while a sample is taken, so the per-hook cost stays what Lightning already pays.
+except while a sample is taken or a block is watched (the first training step, whose FLOPs are counted),
+so the per-hook cost stays what Lightning already pays.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 FETCH_ACTIONS = {
@@ -33,6 +34,7 @@ class LoopTimer:
         self._fetch_started = 0.0
         self.profile = profiler.profile
         self._sample: dict[str, float] | None = None
+        self._around: tuple[str, Callable[[], AbstractContextManager[Any]]] | None = None
 
     # ---- what Lightning calls ----
     def start(self, action_name: str) -> None:
@@ -51,20 +53,37 @@ class LoopTimer:
             raise AttributeError(name)
         return getattr(self.wrapped, name)
 
-    # ---- sampling the callbacks' hooks ----
+    # ---- sampling the callbacks' hooks, watching one block ----
     def start_sample(self) -> None:
         """Time every callback hook until `end_sample` (one gap between two batches, once per log interval)."""
         self._sample = {}
-        self.profile = self._timed_profile
+        self.profile = self._watching_profile
 
     def end_sample(self) -> dict[str, float]:
         """Seconds per callback state key since `start_sample`."""
         sample, self._sample = self._sample or {}, None
-        self.profile = self.wrapped.profile
+        self._unwatch_if_idle()
         return sample
 
+    def around_next(self, action_name: str, context: Callable[[], AbstractContextManager[Any]]) -> None:
+        """Run the next `profile(action_name)` block (say Lightning's `run_training_batch`: the step alone,
+        without any callback's hooks) inside `context()`, once."""
+        self._around = (action_name, context)
+        self.profile = self._watching_profile
+
+    def _unwatch_if_idle(self) -> None:
+        if self._sample is None and self._around is None:
+            self.profile = self.wrapped.profile
+
     @contextmanager
-    def _timed_profile(self, action_name: str) -> Iterator[str]:
+    def _watching_profile(self, action_name: str) -> Iterator[str]:
+        around = self._around
+        if around is not None and action_name == around[0]:
+            self._around = None
+            self._unwatch_if_idle()
+            with around[1](), self.wrapped.profile(action_name) as name:
+                yield name
+            return
         started = time.perf_counter()
         with self.wrapped.profile(action_name) as name:
             yield name

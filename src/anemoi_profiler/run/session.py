@@ -63,6 +63,13 @@ class ProfilerSession:
             # The ranks that may log to MLflow: its client starts while the fit sets up (a logger may name another URI).
             prestart_sender(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
 
+    def startup_work_until(self) -> float | None:
+        """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow
+        sender's first answer), now if it goes on; None when this rank has no sink."""
+        if self.sink is None:
+            return None
+        return self.sink.started_up_at or time.perf_counter()
+
     @property
     def failed(self) -> bool:
         """True once any member ended with an error: ranks may be out of step, so no more collectives."""

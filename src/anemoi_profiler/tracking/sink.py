@@ -86,6 +86,9 @@ class TrackingSink:
         self._spool_error: str | None = None
         self._spool_warned = False
         self._dropped_metrics = 0
+        self.started_up_at: float | None = None
+        """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
+        the start-up work that runs beside the training's first steps."""
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -199,6 +202,7 @@ class TrackingSink:
 
     def _loop(self) -> None:
         self._attempt(create_run_only=True)
+        self.started_up_at = time.perf_counter()
         while True:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()

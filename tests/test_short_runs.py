@@ -1,0 +1,130 @@
+"""Short runs: the profiler's start-up work runs beside the first steps, costs the training thread nothing, and
+the report says when measured steps overlapped it; the end is only what the run needs.
+
+What is timed (the 1 % and 1 s targets) is the benchmark harness's `short` section, never a test; these tests
+check the mechanisms with real fits, a real sqlite store and real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import psutil
+from mlflow.tracking import MlflowClient
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
+from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking.sender import NICENESS
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
+
+
+def profiled(tmp_path: Path, *overrides: str) -> list[Any]:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = ProfilerConfig.load(None, [f"output_dir={tmp_path / 'runs'}", f"tracking.uri={uri}", *overrides])
+    return build_callbacks(config)
+
+
+def report_data(callbacks: list[Any], section: str) -> dict[str, Any]:
+    run_dir = callbacks[0].session.run_dir
+    return json.loads((run_dir / "report.json").read_text())["sections"][section]["data"]
+
+
+class BatchEndSpy(pl.Callback):
+    """Another callback with a batch-end hook, and a look at the callback list while the fit runs."""
+
+    def __init__(self) -> None:
+        self.seen: list[type] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.seen:
+            self.seen = [type(callback) for callback in trainer.callbacks]
+
+
+def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_takes_it(tmp_path: Path) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    prestarted = sender._prestarted
+    assert prestarted is not None, "building the callbacks starts the sender"
+    process = psutil.Process(prestarted[0].pid)
+    deadline = time.monotonic() + 10
+    while process.nice() == os.nice(0) and time.monotonic() < deadline:  # it lowers its own priority first thing
+        time.sleep(0.01)
+    assert process.nice() == os.nice(0) + NICENESS
+
+    train, _ = loaders(n_train=64)
+    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    session = callbacks[0].session
+    assert sender._prestarted is None  # taken by the run's sink, not left behind
+    assert prestarted[0].poll() == 0  # ended cleanly by the close, its work answered
+    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
+    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
+
+
+def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from anemoi_profiler.tracking import sender\n"
+        f"sender.prestart('sqlite:///{tmp_path}/mlflow.db')\n"
+        "print(sender._prestarted[0].pid, flush=True)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    pid = int(completed.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the prestarted sender outlived its parent"
+        time.sleep(0.05)
+    assert not (tmp_path / "mlflow.db").exists()  # it only imported MLflow: no store made for nothing
+
+
+def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    train, _ = loaders(n_train=16 * 10)
+    trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)
+    throughput = report_data(callbacks, "Throughput")
+    # ten tiny steps take milliseconds; importing MLflow in the sender takes most of a second
+    assert throughput["train/startup_overlap_s"] > 0
+    run_dir = callbacks[0].session.run_dir
+    assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
+
+
+def test_no_start_up_work_no_overlap(tmp_path: Path) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "tracking.enabled=false")
+    train, _ = loaders(n_train=16 * 10)
+    trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)
+    assert "train/startup_overlap_s" not in report_data(callbacks, "Throughput")
+
+
+def test_marks_go_in_only_where_another_callback_has_batch_hooks(tmp_path: Path) -> None:
+    train, _ = loaders(n_train=64)
+    after = BatchEndSpy()  # ours first, the spy after: only a last mark bounds what the spy spends
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    fit = trainer([*callbacks, after], max_steps=3)
+    fit.fit(TinyRegressor(), train)
+    assert LastCallbackMark in after.seen and FirstCallbackMark not in after.seen
+    assert not any(isinstance(c, (FirstCallbackMark, LastCallbackMark)) for c in fit.callbacks)  # out at the end
+
+    before = BatchEndSpy()  # before ours with a batch-end hook only: it runs inside the step's time, no mark
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    trainer([before, *callbacks], max_steps=3).fit(TinyRegressor(), train)
+    assert LastCallbackMark not in before.seen and FirstCallbackMark not in before.seen
+
+
+def test_another_callbacks_time_is_still_found_by_its_mark(tmp_path: Path) -> None:
+    class SlowBatchEnd(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(0.005)
+
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    train, _ = loaders(n_train=16 * 20)
+    trainer([*callbacks, SlowBatchEnd()], max_steps=20).fit(TinyRegressor(), train)
+    timing = report_data(callbacks, "Step time and memory")
+    assert timing["train/callbacks_ms"] >= 4.5  # the 5 ms sleep, after ours, bounded by the last mark
