@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import mlflow
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchinfo import torchinfo as torchinfo_module
@@ -19,10 +20,12 @@ from torchinfo import torchinfo as torchinfo_module
 from anemoi_profiler.callbacks.model_summary import (
     ModelSummaryCallback,
     candidate_calls,
+    forward_collectives_reason,
     sharding_strategy,
     summarize_model,
 )
 from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.run.parallelism import detect_parallelism
 
 FEATURES = 6
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -294,6 +297,38 @@ def test_sharded_strategies_are_not_run() -> None:
     assert sharding_strategy(SimpleNamespace(strategy=type("DDPStrategy", (), {})())) is None
     summary = ModelSummaryCallback(ProfilerConfig())._summary_on_batch(fsdp, TinyModel(), torch.randn(2, FEATURES))
     assert summary.static_reason is not None and "shards the model" in summary.static_reason
+
+
+class DDPGroupStrategy(DDPStrategy):
+    """anemoi's strategy as the profiler sees it: plain DDP plus a model communication group size."""
+
+    def __init__(self, model_comm_group_size: int) -> None:
+        super().__init__()
+        self.model_comm_group_size = model_comm_group_size
+
+
+class CustomStrategy(DDPStrategy):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reason"),
+    [
+        (DDPStrategy(), None),
+        (DDPGroupStrategy(model_comm_group_size=1), None),
+        (
+            DDPGroupStrategy(model_comm_group_size=2),
+            "2 ranks work on each sample (DDPGroupStrategy.model_comm_group_size=2)",
+        ),
+        (CustomStrategy(), "CustomStrategy may run collectives in forward"),
+        (ModelParallelStrategy(), "ModelParallelStrategy shards the model"),
+    ],
+)
+def test_a_forward_on_rank_zero_alone_is_run_only_where_it_exchanges_nothing(strategy: Any, reason: str | None) -> None:
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_progress_bar=False)
+    parallelism = detect_parallelism(trainer.strategy, trainer.world_size, "auto")
+    found = forward_collectives_reason(trainer, parallelism)
+    assert found == reason if reason is None else reason in found
 
 
 def test_params_and_file_land_in_a_real_mlflow_run(tmp_path: Path) -> None:

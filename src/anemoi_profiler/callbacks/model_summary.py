@@ -17,8 +17,9 @@ How the model is called from a batch (the first call that matches `forward`'s si
 - a tuple or list batch: its leading elements, one per required positional parameter of forward (at least
   one), as in `x, y = batch; forward(x)`; when forward takes one argument, then also `forward(batch)`;
 - anything else (a tensor): `forward(batch)`.
-When no call works, or the strategy shards the model, `model_summary.txt` holds the parameter counts per
-top-level module and says why.
+When no call works, or a forward pass on rank 0 alone could wait on the other ranks (a sharding strategy, several
+ranks per sample as under tensor parallelism or anemoi's model groups, DTensor parameters, or any multi-rank
+strategy other than plain DDP), `model_summary.txt` holds the parameter counts per top-level module and says why.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..layout import MODEL_SUMMARY_FILE
 from ..report import ReportSection
 from ..run import trainer_info
 from ..run.eager import eager
+from ..run.parallelism import GROUP_ATTRIBUTES, Parallelism
 from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
@@ -50,6 +52,8 @@ DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
 # Strategies whose parameters are sharded: a forward pass on one rank would block on the others' all-gathers.
 SHARDING_STRATEGIES = ("FSDP", "DeepSpeed", "ModelParallel")
+PLAIN_DATA_PARALLEL = ("DDPStrategy",)
+"""Strategies whose forward pass runs no collective: the summary's forward on rank 0 alone is safe under them."""
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
 
 
@@ -285,6 +289,31 @@ def sharding_strategy(trainer: Any) -> str | None:
     return name if any(marker in name for marker in SHARDING_STRATEGIES) else None
 
 
+def forward_collectives_reason(trainer: Any, parallelism: Parallelism) -> str | None:
+    """Why a forward pass on rank 0 alone could wait on the other ranks (and hang or mismatch their collectives),
+    or None where the forward is known to be local: one process, or plain DDP, whose model is whole on every
+    rank and whose collectives run in backward."""
+    sharded = sharding_strategy(trainer)
+    if sharded:
+        return f"{sharded} shards the model: a forward pass on rank 0 alone would wait for the other ranks"
+    if parallelism.world_size <= 1:
+        return None
+    if parallelism.ranks_per_replica > 1:
+        return (
+            f"{parallelism.ranks_per_replica} ranks work on each sample ({parallelism.source}): their forward "
+            "exchanges activations, and a forward pass on rank 0 alone would wait for the others"
+        )
+    name = trainer_info.strategy_name(trainer)
+    strategy = getattr(trainer, "strategy", None)
+    in_groups_of_one = any(getattr(strategy, attribute, None) == 1 for attribute in GROUP_ATTRIBUTES)
+    if name not in PLAIN_DATA_PARALLEL and not in_groups_of_one:  # anemoi's groups of one rank exchange nothing
+        return (
+            f"{name} may run collectives in forward (only {', '.join(PLAIN_DATA_PARALLEL)} is known not to), and a "
+            "forward pass on rank 0 alone could wait for the other ranks"
+        )
+    return None
+
+
 class ModelSummaryCallback(ProfilerCallback):
     """Writes `model_summary.txt` and logs `model/total_params`, `model/trainable_params`, `model/mult_adds`.
 
@@ -313,13 +342,9 @@ class ModelSummaryCallback(ProfilerCallback):
             self._record(self._summary_on_batch(trainer, pl_module, batch))
 
     def _summary_on_batch(self, trainer: Any, pl_module: Any, batch: Any) -> ModelSummary:
-        sharded = sharding_strategy(trainer)
-        if sharded:
-            return static_model_summary(
-                pl_module,
-                f"{sharded} shards the model: a forward pass on rank 0 alone would wait for the other ranks; "
-                "parameter counts are this rank's view",
-            )
+        reason = forward_collectives_reason(trainer, self.session.parallelism)
+        if reason:
+            return static_model_summary(pl_module, f"{reason}; parameter counts are this rank's view")
         precision = getattr(trainer, "precision_plugin", None)
         return summarize_model(
             pl_module,
