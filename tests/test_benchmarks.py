@@ -30,6 +30,7 @@ SECTIONS = (
     "report_cost",
     "hta_scaling",
     "detailed_preset",
+    "short_run",
 )
 
 
@@ -83,9 +84,19 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
         assert cost["bare_step_us"] > 0, cost
         assert cost["overhead_pct"] == pytest.approx(cost["training_thread_pct"] + cost["background_threads_pct"])
     assert "ratio_to_always_on" in results["overhead"]["outside_windows"]
+    short = results["short_run"]
+    assert short["delivered"] == {
+        "status": "FINISHED",
+        "metrics": short["delivered"]["metrics"],
+        "absent": [],
+        "spool_left": False,
+    }, short["delivered"]
+    assert short["delivered"]["metrics"] > 0
+    assert short["fit"]["bare_s"] > 0 and short["script"]["bare_s"] > 0
     statuses = {target["target"]: target["status"] for target in results["targets"]}
     assert set(statuses.values()) <= {"PASS", "FAIL", "SKIP", "NOISY"}
     assert statuses["always_on_cost_pct"] != "SKIP" and statuses["outside_windows_excess_pp"] != "SKIP"
+    assert statuses["short_run_fit_extra_s"] != "SKIP" and statuses["short_run_script_extra_s"] != "SKIP"
     assert len(statuses) >= 8
 
 
