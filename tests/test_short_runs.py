@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import psutil
+import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
@@ -94,6 +95,9 @@ def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: P
     assert throughput["train/startup_overlap_s"] > 0
     run_dir = callbacks[0].session.run_dir
     assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert run.data.metrics["summary/train/startup_overlap_s"] == pytest.approx(throughput["train/startup_overlap_s"])
 
 
 def test_no_start_up_work_no_overlap(tmp_path: Path) -> None:

@@ -240,6 +240,7 @@ class ThroughputCallback(StageCallback):
         overlap_s, measured_s = self._startup_overlap_s()
         if overlap_s:
             values["train/startup_overlap_s"] = (overlap_s, "s")
+            summary["summary/train/startup_overlap_s"] = overlap_s
             share = "All" if overlap_s >= measured_s else f"The first {overlap_s:.2g} s"
             notes.append(
                 f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
