@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
 # Strategies whose parameters are sharded: a forward pass on one rank would block on the others' all-gathers.
-SHARDING_STRATEGIES = ("FSDP", "DeepSpeed", "ModelParallel")
 PLAIN_DATA_PARALLEL = ("DDPStrategy",)
 """Strategies whose forward pass runs no collective: the summary's forward on rank 0 alone is safe under them."""
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
@@ -284,16 +283,11 @@ def static_model_summary(model: nn.Module, reason: str) -> ModelSummary:
     return ModelSummary(type(model).__name__, total, trainable, "\n".join(lines) + "\n", static_reason=reason)
 
 
-def sharding_strategy(trainer: Any) -> str | None:
-    name = trainer_info.strategy_name(trainer)
-    return name if any(marker in name for marker in SHARDING_STRATEGIES) else None
-
-
 def forward_collectives_reason(trainer: Any, parallelism: Parallelism) -> str | None:
     """Why a forward pass on rank 0 alone could wait on the other ranks (and hang or mismatch their collectives),
     or None where the forward is known to be local: one process, or plain DDP, whose model is whole on every
     rank and whose collectives run in backward."""
-    sharded = sharding_strategy(trainer)
+    sharded = trainer_info.sharding_strategy(trainer)
     if sharded:
         return f"{sharded} shards the model: a forward pass on rank 0 alone would wait for the other ranks"
     if parallelism.world_size <= 1:

@@ -74,12 +74,6 @@ class AmdGpuResource(GpuResource):
             return None
         return cls(smi, handles)
 
-    def sample(self) -> dict[str, float]:
-        values: dict[str, float] = {}
-        for ordinal, handle in self.handles.items():
-            values.update(self._sample_gpu(ordinal, handle))
-        return values
-
     def _sample_gpu(self, ordinal: int, handle: Any) -> dict[str, float]:
         smi, values = self.smi, {}
         activity = self._query(ordinal, "utilization", smi.amdsmi_get_gpu_activity, handle) or {}

@@ -59,12 +59,6 @@ class NvidiaGpuResource(GpuResource):
             return None
         return cls(handles)
 
-    def sample(self) -> dict[str, float]:
-        values: dict[str, float] = {}
-        for ordinal, handle in self.handles.items():
-            values.update(self._sample_gpu(ordinal, handle))
-        return values
-
     def _sample_gpu(self, ordinal: int, handle: Any) -> dict[str, float]:
         values: dict[str, float] = {}
         utilization = self._query(ordinal, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)

@@ -70,6 +70,16 @@ class GpuResource(SystemResource):
         self.energy_unavailable: dict[int, str] = {}
         self._reported_failures: set[tuple[int, str]] = set()
 
+    def sample(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for ordinal, handle in self.handles.items():
+            values.update(self._sample_gpu(ordinal, handle))
+        return values
+
+    @abc.abstractmethod
+    def _sample_gpu(self, ordinal: int, handle: Any) -> dict[str, float]:
+        """This GPU's metrics (``gpu_<ordinal>_...``), its energy since the last sample included."""
+
     def _query(self, ordinal: int, what: str, query: Callable[..., Any], *args: Any) -> Any:
         """``query(*args)``, or None when the library refuses it; each refusal is logged once per GPU."""
         try:

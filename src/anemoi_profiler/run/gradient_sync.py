@@ -64,11 +64,11 @@ class GradientSyncTimer:
                 "their forward and backward collectives (tensor parallel, model groups), which no hook times"
             )
         elif not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            how = (
-                "FSDP's reduce-scatter, which the profiler does not time yet"
-                if "FSDP" in strategy or ("ModelParallel" in strategy)
-                else "no DDP gradient all-reduce"
-            )
+            sharded = trainer_info.sharding_strategy(trainer)
+            how = "no DDP gradient all-reduce"
+            if sharded:
+                owner = "DeepSpeed" if "DeepSpeed" in sharded else "FSDP"
+                how = f"{owner}'s reduce-scatter, which the profiler does not time yet"
             self._off(f"{strategy} reduces gradients with {how}")
         elif not self._wrapped_user_hook:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

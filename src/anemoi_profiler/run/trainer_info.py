@@ -61,6 +61,17 @@ def strategy_name(trainer: Any) -> str:
     return type(getattr(trainer, "strategy", None)).__name__
 
 
+SHARDING_STRATEGIES = ("FSDP", "DeepSpeed", "ModelParallel")
+"""Strategies that shard parameters (and reduce-scatter gradients) across ranks, found by name in either
+Lightning namespace."""
+
+
+def sharding_strategy(trainer: Any) -> str | None:
+    """The strategy's class name when it shards the model, else None."""
+    name = strategy_name(trainer)
+    return name if any(marker in name for marker in SHARDING_STRATEGIES) else None
+
+
 def root_device(trainer: Any) -> Any:
     """The torch.device this rank trains on (cpu when unknown)."""
     import torch
