@@ -51,7 +51,7 @@ class BatchEndSpy(pl.Callback):
 
 def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_takes_it(tmp_path: Path) -> None:
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    prestarted = sender._prestarted
+    prestarted = sender._waiting
     assert prestarted is not None, "building the callbacks starts the sender"
     process = psutil.Process(prestarted[0].pid)
     deadline = time.monotonic() + 10
@@ -62,11 +62,49 @@ def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_t
     train, _ = loaders(n_train=64)
     trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
-    assert sender._prestarted is None  # taken by the run's sink, not left behind
-    assert prestarted[0].poll() == 0  # ended cleanly by the close, its work answered
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
     assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
+    kept = sender._waiting
+    assert kept is not None and kept[0] is prestarted[0] and kept[0].poll() is None  # kept for the next run
+
+
+def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path) -> None:
+    sender.end_kept()
+    train, _ = loaders(n_train=64)
+    first = profiled(tmp_path / "a", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    trainer(first, max_steps=4).fit(TinyRegressor(), train)
+    kept = sender._waiting
+    assert kept is not None and kept[0].poll() is None
+    # The next run (another store) starts with nothing to import.
+    second = profiled(tmp_path / "b", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    assert sender._waiting is kept  # building the callbacks started no other sender
+    trainer(second, max_steps=4).fit(TinyRegressor(), train)
+    session = second[0].session
+    again = sender._waiting
+    assert again is not None and again[0] is kept[0]  # it served the run and is kept again
+    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
+    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    sender.end_kept()
+    assert kept[0].poll() == 0 and sender._waiting is None
+
+
+def test_a_kept_sender_serves_with_the_mlflow_settings_of_its_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    environment = {"PATH": "/bin", "MLFLOW_TRACKING_TOKEN": "of the last run", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    monkeypatch.setattr(os, "environ", environment)  # the sender's own environment, here a copy
+    sender._apply_mlflow_env({"MLFLOW_HTTP_REQUEST_TIMEOUT": "7", "MLFLOW_TRACKING_USERNAME": "me"})
+    # unset since the last run: not sent with this run's requests
+    assert environment == {"PATH": "/bin", "MLFLOW_HTTP_REQUEST_TIMEOUT": "7", "MLFLOW_TRACKING_USERNAME": "me"}
+
+
+def test_a_waiting_sender_ends_after_its_idle_time(tmp_path: Path) -> None:
+    process, replies = sender._spawn(None, idle_exit_s=0.5)
+    try:
+        assert process.wait(60) == 0  # the parent is alive and keeps its stdin open
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        replies.close()
 
 
 def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
@@ -74,7 +112,7 @@ def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: P
         "import sys\n"
         "from anemoi_profiler.tracking import sender\n"
         f"sender.prestart('sqlite:///{tmp_path}/mlflow.db')\n"
-        "print(sender._prestarted[0].pid, flush=True)\n"
+        "print(sender._waiting[0].pid, flush=True)\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
@@ -87,6 +125,7 @@ def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: P
 
 
 def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:
+    sender.end_kept()  # the first run of a process: its sender starts with the callbacks
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
     train, _ = loaders(n_train=16 * 10)
     trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)

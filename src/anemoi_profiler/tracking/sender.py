@@ -6,6 +6,8 @@ the interpreter lock that the training loop needs between its operators. In this
 costs the training nothing. The sink's thread asks it for one thing at a time (create the run, send the
 spool, send a batch) over its stdin and reads the answer, a JSON line, from a pipe of its own; MLflow's
 own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
+A run that ends well hands its sender back for the next run of the process (a `trainer.test()` after the fit,
+the next fit in a notebook), which then starts with MLflow imported; one left idle for `IDLE_EXIT_S` ends.
 Run as `python -m anemoi_profiler.tracking.sender <fd>`: this package imports neither torch nor Lightning.
 """
 
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 NICENESS = 10
 """How much lower than the training's the sender's CPU priority is (see `serve`)."""
+IDLE_EXIT_S = 600.0
+"""How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
 """MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
 
@@ -66,6 +70,23 @@ class SenderProcess:
         reply = self._ask({"op": "send", "batch": batch.to_dict()})
         batch.take(Batch.from_dict(reply["batch"]))
         _succeeded(reply)
+
+    def release(self) -> None:
+        """This run is done with the sender: keep it, MLflow imported, for the process's next run; stop it
+        if it cannot take another (it failed, or a sender is kept already)."""
+        if self._process is None or self._process.poll() is not None:
+            self.stop()
+            return
+        try:
+            _succeeded(self._ask({"op": "release"}))
+        except SenderError:
+            self.stop()
+            return
+        kept = (self._process, self._replies)
+        self._process = self._replies = None
+        if not _keep(kept):
+            self._process, self._replies = kept
+            self.stop()
 
     def stop(self, grace_s: float = 2.0) -> None:
         """End the process: close its stdin, which ends it between requests, and kill it after `grace_s`
@@ -113,17 +134,20 @@ class SenderProcess:
         if self._process is not None and self._replies is not None and self._process.poll() is None:
             return self._process, self._replies
         self.stop()
-        process, replies = _take_prestarted() or _spawn(store_module_for(self.tracking_uri))
+        process, replies = _take_waiting() or _spawn(store_module_for(self.tracking_uri))
         assert process.stdin is not None
-        # The URI may hold credentials: it goes through the pipe, never on the command line.
-        process.stdin.write(json.dumps({"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri}) + "\n")
+        # The URI and MLflow's settings may hold credentials: they go through the pipe, never on the command
+        # line; a sender started earlier gets the settings of now.
+        setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri, "mlflow_env": _mlflow_env()}
+        process.stdin.write(json.dumps(setup) + "\n")
         process.stdin.flush()
         self._process, self._replies = process, replies
         return process, self._replies
 
 
-_prestarted: tuple[subprocess.Popen[str], IO[str]] | None = None
-_prestarted_lock = threading.Lock()
+_waiting: tuple[subprocess.Popen[str], IO[str]] | None = None
+"""The sender waiting for this process's next run: prestarted, or kept after a run."""
+_waiting_lock = threading.Lock()
 
 
 def prestart(likely_uri: str) -> None:
@@ -132,23 +156,55 @@ def prestart(likely_uri: str) -> None:
     Importing MLflow and opening its store take the sender more than a second; started when the callbacks
     are made rather than when the fit begins, that time overlaps building the model, the data and the
     Trainer. `likely_uri` (the sink may get another, a logger's) only tells which store's code to import
-    too. A sender nobody takes ends when this process does (its stdin closes).
+    too. A sender nobody takes ends when this process does (its stdin closes), or after `IDLE_EXIT_S`. A sender
+    kept from the process's last run serves instead: nothing starts then.
     """
-    global _prestarted
-    with _prestarted_lock:
-        if _prestarted is not None and _prestarted[0].poll() is None:
+    global _waiting
+    with _waiting_lock:
+        if _waiting is not None and _waiting[0].poll() is None:
             return
         try:
-            _prestarted = _spawn(store_module_for(likely_uri))
+            _waiting = _spawn(store_module_for(likely_uri))
         except Exception as error:  # e.g. no more processes: the sink starts its own sender when it needs one
             log.debug("anemoi-profiler: could not start the MLflow sender early (%s)", error)
-            _prestarted = None
+            _waiting = None
 
 
-def _take_prestarted() -> tuple[subprocess.Popen[str], IO[str]] | None:
-    global _prestarted
-    with _prestarted_lock:
-        taken, _prestarted = _prestarted, None
+def _keep(sender: tuple[subprocess.Popen[str], IO[str]]) -> bool:
+    """Keep a released sender for the next run, unless one is waiting already."""
+    global _waiting
+    with _waiting_lock:
+        if _waiting is not None and _waiting[0].poll() is None:
+            return False
+        _waiting = sender
+    return True
+
+
+def _mlflow_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith("MLFLOW_")}
+
+
+def end_kept() -> None:
+    """End the sender kept for this process's next run, now rather than when the process ends or after
+    `IDLE_EXIT_S`: frees its memory (MLflow imported, about 150 MB), or makes the next run start cold."""
+    taken = _take_waiting()
+    if taken is not None:
+        process, replies = taken
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        replies.close()
+
+
+def _take_waiting() -> tuple[subprocess.Popen[str], IO[str]] | None:
+    global _waiting
+    with _waiting_lock:
+        taken, _waiting = _waiting, None
     return taken if taken is not None and taken[0].poll() is None else None
 
 
@@ -158,11 +214,18 @@ def store_module_for(tracking_uri: str) -> str | None:
     return "mlflow.store.tracking.sqlalchemy_store" if scheme in DATABASE_SCHEMES else None
 
 
-def _spawn(store_module: str | None = None) -> tuple[subprocess.Popen[str], IO[str]]:
+def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) -> tuple[subprocess.Popen[str], IO[str]]:
     read_end, write_end = os.pipe()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(write_end), *([store_module] if store_module else [])],
+            [
+                sys.executable,
+                "-m",
+                __name__,
+                str(write_end),
+                str(idle_exit_s),
+                *([store_module] if store_module else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -197,8 +260,9 @@ class _Warnings(logging.Handler):
         return messages
 
 
-def serve(replies_fd: int, store_module: str | None = None) -> None:
-    """The child's loop: one request per stdin line, one JSON reply per line on `replies_fd`.
+def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) -> None:
+    """The child's loop: a setup line, then one request per stdin line, one JSON reply per line on `replies_fd`,
+    until a request releases it for the next run's setup.
 
     It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
     the very start of a run, which should go to the training's first steps when cores are short. It
@@ -213,11 +277,32 @@ def serve(replies_fd: int, store_module: str | None = None) -> None:
     package_log = logging.getLogger("anemoi_profiler")
     package_log.addHandler(warnings)
     package_log.propagate = False
+    while (setup := _next_setup(idle_exit_s)) is not None:
+        _apply_mlflow_env(setup.get("mlflow_env", {}))
+        if not _serve_run(MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"]), replies, warnings):
+            return
+
+
+def _next_setup(idle_exit_s: float) -> dict[str, Any] | None:
+    """The next run's setup; None when the training process has ended (stdin closed). A sender that waits
+    `idle_exit_s` for one ends there."""
+    idle = threading.Timer(idle_exit_s, os._exit, (0,))
+    idle.daemon = True
+    idle.start()
     line = sys.stdin.readline()
-    if not line:  # prestarted, never taken: the training process has ended
-        return
-    setup = json.loads(line)
-    target = MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"])
+    idle.cancel()
+    return json.loads(line) if line else None
+
+
+def _apply_mlflow_env(settings: dict[str, str]) -> None:
+    """The training process's MLflow settings (credentials, timeouts) as they are for this run."""
+    for name in [name for name in os.environ if name.startswith("MLFLOW_") and name not in settings]:
+        del os.environ[name]
+    os.environ.update(settings)
+
+
+def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> bool:
+    """Answer one run's requests; True when it released the sender, False when stdin closed."""
     for line in sys.stdin:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
@@ -239,6 +324,9 @@ def serve(replies_fd: int, store_module: str | None = None) -> None:
         reply.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"), warnings=warnings.take())
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+        if request["op"] == "release":
+            return True
+    return False
 
 
 def _import_mlflow(store_module: str | None) -> None:
@@ -259,7 +347,7 @@ def _import_mlflow(store_module: str | None) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    serve(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     # Every request was answered: skip the interpreter's teardown of MLflow's modules, which takes most of a
     # second that the training process's close would spend waiting for this process to end.
     sys.stderr.flush()

@@ -163,9 +163,10 @@ class TrackingSink:
             self._thread.join(5.0)
             refused = self._spool_queued()
             self._dropped_metrics += len(refused.metrics) if refused is not None else 0
+            self._target.stop()
         else:
             self._dropped_metrics += len(self._unspooled.metrics)
-        self._target.stop()
+            self._target.release()  # MLflow imported, for the process's next run
         atexit.unregister(self._flush_at_exit)
         if self._dropped_metrics:
             log.warning(
