@@ -650,6 +650,14 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
             "    the profiled fits' end (median s): "
             + ", ".join(f"{step} {s:.2f}" for step, s in measured["end_breakdown_s"].items() if s >= 0.005),
         ]
+        kept = measured.get("kept_sender")
+        if kept:
+            lines += [
+                f"    a later run of the process (kept sender): early steps {kept['early_ms']:.3f} ms: "
+                f"{kept['early_overhead_pct']:+.2f} %; fit() {kept['fit_s']:.2f} s: {kept['fit_extra_s']:+.2f} s",
+                "      its end (median s): "
+                + ", ".join(f"{step} {s:.2f}" for step, s in kept["end_breakdown_s"].items() if s >= 0.005),
+            ]
     script, delivered = section["script"], section["delivered"]
     lines += [
         f"  a script that fits and exits ({script['spec']}): bare {script['bare_s']:.2f} s, ours "

@@ -186,7 +186,7 @@ def _mlflow_env() -> dict[str, str]:
 
 def end_kept() -> None:
     """End the sender kept for this process's next run, now rather than when the process ends or after
-    `IDLE_EXIT_S`: frees its memory (MLflow imported, about 150 MB), or makes the next run start cold."""
+    `IDLE_EXIT_S`: frees its memory (MLflow imported, about 200 MB), or makes the next run start cold."""
     taken = _take_waiting()
     if taken is not None:
         process, replies = taken
