@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,14 @@ def test_secrets_in_the_tracking_uri_are_redacted_in_config_copy(tmp_path: Path)
         text = (folder / name).read_text()
         assert "hunter2" not in text and "abc123" not in text, name
     assert "***@127.0.0.1:9" in (folder / "config.yaml").read_text()
+
+
+def test_run_folders_of_the_same_second_are_in_the_order_they_were_made(tmp_path: Path) -> None:
+    """A `validate()` right after a short fit starts in the same second: its folder still comes last."""
+    made = [tmp_path / "20261201-171742_e05b85b6", tmp_path / "20261201-171742_7d5a1199"]  # names sort the other way
+    for nanoseconds, folder in enumerate(made, start=1):
+        folder.mkdir()
+        (folder / "config.yaml").write_text("{}")
+        os.utime(folder / "config.yaml", ns=(nanoseconds * 10**9, nanoseconds * 10**9))
+    (tmp_path / "20261201-171741_ffffffff").mkdir()  # a second earlier, config copy missing
+    assert run_folders(tmp_path) == [tmp_path / "20261201-171741_ffffffff", *made]

@@ -156,11 +156,11 @@ def test_the_users_description_is_kept_and_our_section_replaced_when_the_run_res
     # The same run resumed with another config: a new run folder, another log interval.
     resumed = MLFlowLogger(experiment_name="users", tracking_uri=sqlite_uri, run_id=logger.run_id)
     caplog.set_level(logging.WARNING)
-    trainer(build_callbacks(profiler_config(tmp_path / "runs", "log_every_n_steps=3")), logger=resumed).fit(
-        TinyRegressor(), train
-    )
+    callbacks = build_callbacks(profiler_config(tmp_path / "runs", "log_every_n_steps=3"))
+    trainer(callbacks, logger=resumed).fit(TinyRegressor(), train)
     run = client.get_run(logger.run_id)
-    second_folder = run_folders(tmp_path / "runs")[1]
+    second_folder = callbacks[0].session.run_dir  # both folders may carry the same second in their names
+    assert second_folder is not None and len(run_folders(tmp_path / "runs")) == 2
     second = load_run(second_folder)
     section = run_description(second, assess(second), "`profiler/report.html` in the run's Artifacts")
     assert run.data.tags[DESCRIPTION] == f"{USERS_NOTES}\n\n{SECTION_START}\n{section}\n{SECTION_END}"

@@ -85,5 +85,14 @@ def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
 
 
 def run_folders(output_dir: Path) -> list[Path]:
-    """The run folders below `output_dir`, oldest first (the names sort by time)."""
-    return sorted(p for p in Path(output_dir).iterdir() if p.is_dir() and _RUN_FOLDER_NAME.match(p.name))
+    """The run folders below `output_dir`, oldest first: by the time in their names, then, for runs started
+    in the same second (a `validate()` right after a short fit), by when their config copy was written."""
+    folders = [p for p in Path(output_dir).iterdir() if p.is_dir() and _RUN_FOLDER_NAME.match(p.name)]
+    return sorted(folders, key=lambda folder: (folder.name[:15], _written_ns(folder / CONFIG_FILE), folder.name))
+
+
+def _written_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
