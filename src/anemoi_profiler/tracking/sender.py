@@ -8,7 +8,8 @@ spool, send a batch) over its stdin and reads the answer, a JSON line, from a pi
 own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
 A run that ends well hands its sender back for the next run of the process (a `trainer.test()` after the fit,
 the next fit in a notebook), which then starts with MLflow imported; one left idle for `IDLE_EXIT_S` ends.
-Run as `python -m anemoi_profiler.tracking.sender <fd>`: this package imports neither torch nor Lightning.
+Run as `python -m anemoi_profiler.tracking.sender <reply fd> <idle exit s> [store module]` (see `_spawn`): this
+package imports neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -82,10 +83,9 @@ class SenderProcess:
         except SenderError:
             self.stop()
             return
-        kept = (self._process, self._replies)
-        self._process = self._replies = None
-        if not _keep(kept):
-            self._process, self._replies = kept
+        if self._replies is not None and _keep((self._process, self._replies)):
+            self._process = self._replies = None
+        else:
             self.stop()
 
     def stop(self, grace_s: float = 2.0) -> None:
@@ -93,19 +93,8 @@ class SenderProcess:
         (it may be stuck on a server that does not answer)."""
         process, replies = self._process, self._replies
         self._process = self._replies = None
-        if process is None:
-            return
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if replies is not None:
-            with contextlib.suppress(OSError):
-                replies.close()
+        if process is not None:
+            _end(process, replies, grace_s)
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -161,7 +150,7 @@ def prestart(likely_uri: str) -> None:
     """
     global _waiting
     with _waiting_lock:
-        if _waiting is not None and _waiting[0].poll() is None:
+        if _waiting_alive():
             return
         try:
             _waiting = _spawn(store_module_for(likely_uri))
@@ -174,10 +163,14 @@ def _keep(sender: tuple[subprocess.Popen[str], IO[str]]) -> bool:
     """Keep a released sender for the next run, unless one is waiting already."""
     global _waiting
     with _waiting_lock:
-        if _waiting is not None and _waiting[0].poll() is None:
+        if _waiting_alive():
             return False
         _waiting = sender
     return True
+
+
+def _waiting_alive() -> bool:
+    return _waiting is not None and _waiting[0].poll() is None
 
 
 def _mlflow_env() -> dict[str, str]:
@@ -189,16 +182,21 @@ def end_kept() -> None:
     `IDLE_EXIT_S`: frees its memory (MLflow imported, about 200 MB), or makes the next run start cold."""
     taken = _take_waiting()
     if taken is not None:
-        process, replies = taken
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        replies.close()
+        _end(*taken, grace_s=5.0)
+
+
+def _end(process: subprocess.Popen[str], replies: IO[str] | None, grace_s: float) -> None:
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if replies is not None:
+        with contextlib.suppress(OSError):
+            replies.close()
 
 
 def _take_waiting() -> tuple[subprocess.Popen[str], IO[str]] | None:
