@@ -124,6 +124,34 @@ def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: P
     assert not (tmp_path / "mlflow.db").exists()  # it only imported MLflow: no store made for nothing
 
 
+def imported_by_the_sender(store_module: str, tmp_path: Path) -> list[str]:
+    """Which of pandas, MLflow's client and `store_module` a fresh sender's start-up imported."""
+    script = (
+        "import json, sys\n"
+        "from anemoi_profiler.tracking import sender\n"
+        f"sender._import_mlflow({store_module!r})\n"
+        f"names = ('pandas', 'mlflow.tracking', {store_module!r})\n"
+        "print(json.dumps([name for name in names if name in sys.modules]))\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_the_sender_starts_without_what_mlflow_imports_only_for_datasets(tmp_path: Path) -> None:
+    imported = imported_by_the_sender("mlflow.store.tracking.sqlalchemy_store", tmp_path)
+    assert imported == ["mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store"]
+
+
+def test_a_store_that_needs_what_is_left_out_still_gets_it(tmp_path: Path) -> None:
+    (tmp_path / "store_needing_pandas.py").write_text("import pandas\n")
+    imported = imported_by_the_sender("store_needing_pandas", tmp_path)
+    assert imported == ["pandas", "mlflow.tracking", "store_needing_pandas"]
+
+
 def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:
     sender.end_kept()  # the first run of a process: its sender starts with the callbacks
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")

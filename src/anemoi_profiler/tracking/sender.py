@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.abc
 import json
 import logging
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +39,9 @@ NICENESS = 10
 """How much lower than the training's the sender's CPU priority is (see `serve`)."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
+LEFT_OUT_IMPORTS = frozenset({"pandas"})
+"""What MLflow imports only when it is installed (mlflow-skinny goes without it), for the datasets the sender
+never logs. Left out of the sender's start-up, MLflow is ready about 0.2 s sooner and holds 50 MB less."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
 """MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
 
@@ -327,21 +332,47 @@ def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> b
     return False
 
 
+class _LeaveOut(importlib.abc.MetaPathFinder):
+    """Makes the `LEFT_OUT_IMPORTS` look absent to MLflow's own guarded imports."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in LEFT_OUT_IMPORTS:
+            raise ModuleNotFoundError(f"the MLflow sender leaves {fullname} out", name=fullname)
+
+
+@contextlib.contextmanager
+def _leaving_out() -> Iterator[None]:
+    finder = _LeaveOut()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def _import_mlflow(store_module: str | None) -> None:
     """Import MLflow's client (and the store's module) with the garbage collector off, then freeze what they
     made: the collector would scan the hundreds of thousands of new objects again and again, a tenth of the
-    import's time, and again at every later collection. A missing MLflow is reported by the first request."""
+    import's time, and again at every later collection. What MLflow imports only for datasets is left out
+    (`LEFT_OUT_IMPORTS`), unless this MLflow cannot do without it. A missing MLflow is reported by the first
+    request."""
     gc.disable()
     try:
-        from mlflow.tracking import MlflowClient  # noqa: F401
-
-        if store_module:
-            importlib.import_module(store_module)
+        with _leaving_out():
+            _import_client(store_module)
     except ImportError:
-        pass
+        with contextlib.suppress(ImportError):
+            _import_client(store_module)
     finally:
         gc.freeze()
         gc.enable()
+
+
+def _import_client(store_module: str | None) -> None:
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+    if store_module:
+        importlib.import_module(store_module)
 
 
 if __name__ == "__main__":
