@@ -645,7 +645,11 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
             f"{', '.join(f'{pct:+.2f}' for pct in measured['attempts'])} %)",
             f"    early steps ({window}): bare {early['bare_ms']:.3f} ms, ours {early['ours_ms']:.3f} ms: "
             f"{early['overhead_pct']:+.2f} % (bare vs bare {early['control_pct']:+.2f} %"
-            + (f"; bare beside a busy loop {early['busy_beside_pct']:+.2f} %)" if "busy_beside_pct" in early else ")"),
+            + (
+                f"; bare beside MLflow's import {early['import_beside_pct']:+.2f} %)"
+                if "import_beside_pct" in early
+                else ")"
+            ),
             f"    fit(): bare {fit['bare_s']:.2f} s, ours {fit['ours_s']:.2f} s: {fit['extra_s']:+.2f} s "
             f"(bare vs bare {fit['control_s']:+.2f} s)",
             "    the profiled fits' end (median s): "

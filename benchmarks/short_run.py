@@ -1,16 +1,15 @@
 """Short runs: what the default callbacks cost a 160-step fit in its first seconds and at its end.
 
 A short run (tens to hundreds of steps, to compare code versions, in CI or a notebook) is measured while the
-profiler's start-up work runs beside it (the MLflow sender importing MLflow, the first system sample) and
-ends with the profiler's end work (report, report.html, the last sends). Three figures, each bare against
-the default callbacks (`build_callbacks(ProfilerConfig.load(None, ...))`, a warm sqlite store), with a bare
-run against another bare run as the control, interleaved in one run in an order rotated per repetition. A
-bare run while another process spins on a core (`bare (busy loop beside)`) shows what any CPU work beside
-the training costs on this machine, whoever does it; the profiler's start-up (about a second of CPU in the
-MLflow sender) costs about as much over the steps it overlaps. The profiled fits held to the targets are each
-the first run of a process: the sender kept from the last one is ended first, so a new one imports MLflow
-beside the fit. A later run of a process, which takes the kept sender (`ours (kept sender)`), is measured
-beside them:
+profiler's start-up work runs beside it (the MLflow sender importing MLflow, the first system sample) and ends
+with the profiler's end work (report, report.html, the last sends). Three figures, each bare against the default
+callbacks (`build_callbacks(ProfilerConfig.load(None, ...))`, a warm sqlite store), with a bare run against
+another bare run as the control, interleaved in one run in an order rotated per repetition. A bare run beside
+another process that imports what the MLflow sender imports at its start, and nothing else (`bare beside
+MLflow's import`), shows what that import alone costs the steps it overlaps. The profiled fits held to the
+targets are each the first run of a process: the sender kept from the last one is ended first, so a new one
+imports MLflow beside the fit. A later run of a process, which takes the kept sender (`ours (kept sender)`), is
+measured beside them:
 
 - early steps: the median step time over batches 40-160 of each fit, as a ratio to the bare fit of the same
   repetition; the section's figure is the median ratio. A set whose control strays by more than 1 % is
@@ -49,10 +48,14 @@ STEPS = 160
 EARLY = (40, 160)
 """Batches (1-based, inclusive of the end) whose step times are compared."""
 CONTROL_LIMIT_PCT = 1.0
-BUSY_BESIDE = "bare (busy loop beside)"
-"""A bare fit while another process spins on a core: what any CPU work beside the training costs on this
-machine, the measure of what the profiler's start-up beside the first steps can cost at best."""
-KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", BUSY_BESIDE)
+IMPORT_BESIDE = "bare beside MLflow's import"
+"""A bare fit while another process imports what the MLflow sender imports at its start, as it does (same
+modules, same priority), and nothing else: what that import alone costs the steps it overlaps."""
+IMPORT_CODE = (
+    "import os; from anemoi_profiler.tracking import sender; os.nice(sender.NICENESS); "
+    "sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store')"
+)
+KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", IMPORT_BESIDE)
 PROFILED = ("ours", "ours (kept sender)")
 SCRIPT = Path(__file__).with_name("short_run_script.py")
 
@@ -95,16 +98,15 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
         sender.end_kept()  # the first run of a process: its sender starts with the callbacks
     ours = profiled_callbacks(work_dir, store) if kind in PROFILED else []
     trainer = make_trainer(spec, device, STEPS, [*ours, clock])
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if kind == BUSY_BESIDE else None
+    importing = subprocess.Popen([sys.executable, "-c", IMPORT_CODE]) if kind == IMPORT_BESIDE else None
     try:
         with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
             started = time.perf_counter()
             trainer.fit(model, loader)
             fit_s = time.perf_counter() - started
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
+        if importing is not None:
+            importing.wait(120)
     row: dict[str, Any] = {"kind": kind, "early_step_ms": early_step_ms(clock.ends), "fit_s": fit_s}
     if ours:
         session = ours[0].session
@@ -127,12 +129,12 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
         for kind in _rotated(repetition)
     ]
     by_kind = {kind: [row for row in rows if row["kind"] == kind] for kind in KINDS}
-    bare, ours, kept, control, busy = (by_kind[kind] for kind in KINDS)
+    bare, ours, kept, control, importing = (by_kind[kind] for kind in KINDS)
 
     def ratios_to_bare(rows: list[dict[str, Any]]) -> list[float]:
         return [row["early_step_ms"] / b["early_step_ms"] for row, b in zip(rows, bare, strict=True)]
 
-    ratios, kept_ratios, controls, busy_ratios = (ratios_to_bare(rows) for rows in (ours, kept, control, busy))
+    ratios, kept_ratios, controls, import_ratios = (ratios_to_bare(rows) for rows in (ours, kept, control, importing))
     median = {kind: statistics.median(row["fit_s"] for row in by_kind[kind]) for kind in KINDS}
     ends = [row["end_s"] for row in ours]
     return {
@@ -141,10 +143,10 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
             "ours_ms": statistics.median(row["early_step_ms"] for row in ours),
             "overhead_pct": (statistics.median(ratios) - 1) * 100,
             "control_pct": (statistics.median(controls) - 1) * 100,
-            "busy_beside_pct": (statistics.median(busy_ratios) - 1) * 100,
+            "import_beside_pct": (statistics.median(import_ratios) - 1) * 100,
             "ratios": ratios,
             "control_ratios": controls,
-            "busy_beside_ratios": busy_ratios,
+            "import_beside_ratios": import_ratios,
         },
         "fit": {
             "bare_s": median["bare"],

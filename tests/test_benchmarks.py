@@ -88,7 +88,7 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert delivered["status"] == "FINISHED" and delivered["metrics"] > 0, delivered
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
-    assert len(results["short_run"]["early_steps"]["busy_beside_ratios"]) == results["short_run"]["repetitions"]
+    assert len(results["short_run"]["early_steps"]["import_beside_ratios"]) == results["short_run"]["repetitions"]
     statuses = {target["target"]: target["status"] for target in results["targets"]}
     assert set(statuses.values()) <= {"PASS", "FAIL", "SKIP", "NOISY"}
     assert statuses["always_on_cost_pct"] != "SKIP" and statuses["outside_windows_excess_pp"] != "SKIP"
