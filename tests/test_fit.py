@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.layout import run_folders
+from anemoi_profiler.report import ReportSection, RunReport
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 ALWAYS_ON = [
@@ -220,3 +221,14 @@ def test_run_folders_of_the_same_second_are_in_the_order_they_were_made(tmp_path
         os.utime(folder / "config.yaml", ns=(nanoseconds * 10**9, nanoseconds * 10**9))
     (tmp_path / "20261201-171741_ffffffff").mkdir()  # a second earlier, config copy missing
     assert run_folders(tmp_path) == [tmp_path / "20261201-171741_ffffffff", *made]
+
+
+def test_the_console_report_heads_each_section_before_its_note_and_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    report = RunReport({"status": "FINISHED"})
+    report.add(ReportSection.key_values("Throughput", {"train/samples_per_sec": (923.8, "/s")}, "Steady state: ..."))
+    report.add(ReportSection.key_values("System", {"cpu_utilization_percentage": (99.9, "")}, "Means over 3 samples."))
+    report.print_console()
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    order = ["Throughput", "Steady state: ...", "train/samples_per_sec", "System", "Means over 3 samples."]
+    positions = [next(i for i, line in enumerate(lines) if line.startswith(text)) for text in order]
+    assert positions == sorted(positions), lines

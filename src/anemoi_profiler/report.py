@@ -94,13 +94,13 @@ class RunReport:
         for key, value in self.header.items():
             console.print(f"[bold]{key}[/bold]: {value}", highlight=False)
         for section in self.sections:
-            show_header = any(section.columns)
-            table = Table(title=section.title, title_justify="left", show_header=show_header, box=None)
+            table = Table(show_header=any(section.columns), box=None)
             for index, column in enumerate(section.columns):
                 table.add_column(column, justify="left" if index == 0 else "right", overflow="fold")
             for row in section.rows:
                 table.add_row(*(str(cell) for cell in row))
             console.print()
+            console.print(section.title, style="bold italic", highlight=False)  # then its note, as in report.txt
             if section.note:
                 console.print(section.note, highlight=False)
             console.print(table)
