@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +123,46 @@ def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: P
         assert time.monotonic() < deadline, "the prestarted sender outlived its parent"
         time.sleep(0.05)
     assert not (tmp_path / "mlflow.db").exists()  # it only imported MLflow: no store made for nothing
+
+
+def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_path: Path) -> None:
+    # A session of its own is a scheduling group of its own (Linux's autogroups), which its nice level and
+    # idle-time import do not reach.
+    sender.end_kept()
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false")
+    process = sender._waiting[0]
+    assert os.getsid(process.pid) == os.getsid(0)
+    if sys.version_info >= (3, 11):
+        assert os.getpgid(process.pid) == process.pid  # the terminal's Ctrl-C goes to the training's group
+    deadline = time.monotonic() + 10
+    while psutil.Process(process.pid).nice() == os.nice(0) and time.monotonic() < deadline:
+        time.sleep(0.01)  # it ignores SIGINT before it lowers its priority
+    os.kill(process.pid, signal.SIGINT)  # as Python 3.10, which has no process group to give it, lets it get one
+    train, _ = loaders(n_train=64)
+    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    session = callbacks[0].session
+    assert session.sink.run_id and process.poll() is None  # the same sender served the run, and is kept
+    assert MlflowClient(session.tracking_uri).get_run(session.sink.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_sender_imports_mlflow_in_idle_time_and_serves_at_its_own_priority(tmp_path: Path) -> None:
+    script = (
+        "import json, os, sys\n"
+        "from anemoi_profiler.tracking import sender\n"
+        "policies = set()\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        policies.add(os.sched_getscheduler(0))\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')\n"
+        "print(json.dumps({'importing': sorted(policies), 'serving': os.sched_getscheduler(0),\n"
+        "                  'imported': 'mlflow.store.tracking.sqlalchemy_store' in sys.modules}))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    seen = json.loads(completed.stdout)
+    assert seen == {"importing": [os.SCHED_IDLE], "serving": os.sched_getscheduler(0), "imported": True}
 
 
 def imported_by_the_sender(store_module: str, tmp_path: Path) -> list[str]:

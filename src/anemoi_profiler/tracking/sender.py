@@ -21,6 +21,7 @@ import importlib.abc
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -233,7 +234,11 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
             stdout=subprocess.DEVNULL,
             text=True,
             pass_fds=(write_end,),
-            start_new_session=True,  # a Ctrl-C in the terminal is the training's to handle, not the sender's
+            # A process group of its own, so that a Ctrl-C in the terminal is the training's to handle; not a
+            # session of its own: with Linux's scheduler autogroups (most distributions' default) that is a
+            # scheduling group of its own too, which its nice level does not reach. Beside a fit that used
+            # every core, its import then stalled the batches for 0.2 s at a time (see docs/benchmarks.md).
+            **({"process_group": 0} if sys.version_info >= (3, 11) else {}),
         )
     except BaseException:
         os.close(read_end)
@@ -269,12 +274,13 @@ def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) 
 
     It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
     the very start of a run, which should go to the training's first steps when cores are short. It
-    imports them before it reads its setup (see `prestart`); `store_module` is the store's module to import
-    with them, if it is known.
+    imports them before it reads its setup (see `prestart`), in idle time only (see `_import_in_idle_time`);
+    `store_module` is the store's module to import with them, if it is known.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
-    _import_mlflow(store_module)
+    _import_in_idle_time(store_module)
     replies = os.fdopen(replies_fd, "w")
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
@@ -348,6 +354,27 @@ def _leaving_out() -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+
+
+def _import_in_idle_time(store_module: str | None) -> None:
+    """Import MLflow in a thread that runs only when a core would otherwise be idle (Linux's SCHED_IDLE,
+    for that thread alone: requests are then served at the process's own priority).
+
+    Where the training leaves a core free, that is at once, as fast as without it. Where it uses every core
+    (torch's default threads on a CPU fit), a nice level is not enough: the import took a share of them and
+    slowed the first steps by a quarter, or, from a scheduling group of its own, stalled whole batches. In
+    idle time it waits for the training instead, at the latest for the run's end, and the sink's metrics
+    wait for it in the spool.
+    """
+    importer = threading.Thread(target=_import_idly, args=(store_module,), name="anemoi-profiler-mlflow-import")
+    importer.start()
+    importer.join()
+
+
+def _import_idly(store_module: str | None) -> None:
+    with contextlib.suppress(AttributeError, OSError):  # not on Linux: at the process's own priority
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    _import_mlflow(store_module)
 
 
 def _import_mlflow(store_module: str | None) -> None:
