@@ -671,6 +671,16 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
         f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
         f"spools left behind: {section['end_set']['spool_left']}",
     ]
+    every = section.get("every_core")
+    if every:
+        longest = every["longest_step_ms"]
+        lines += [
+            f"  a first run using every core ({every['threads']} torch threads, {every['spec']}, "
+            f"{every['repetitions']} repetitions): early steps {every['early_overhead_pct']:+.2f} % "
+            f"(bare vs bare {every['early_control_pct']:+.2f} %), fit() {every['fit_extra_s']:+.2f} s "
+            f"(bare vs bare {every['fit_control_s']:+.2f} s); longest step bare {longest['bare']:.0f} ms, "
+            f"ours {longest['ours']:.0f} ms",
+        ]
     return lines
 
 

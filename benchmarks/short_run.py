@@ -23,6 +23,10 @@ microseconds: Lightning dispatching two hooks and our bodies, see the always-on 
 so that the early-steps figure shows what the start-up adds; and a 1 ms step, whose 0.2 s fit ends long
 before the MLflow sender is ready, the hardest case for the end. The script uses the 1 ms step.
 
+All of these fits run on one torch thread, which leaves the sender a core of its own. A last set runs the
+early-steps model's first runs on every core, as torch does by default (no bare-vs-bare limit: it is there to
+show stalls, whole batches lost to the sender, by the longest step and `fit()`).
+
 The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`),
 and after the last repetition one profiled run is read back from MLflow: every metric of its metrics.json
 there, its status FINISHED, no spool left behind.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,7 +58,7 @@ IMPORT_BESIDE = "bare beside MLflow's import"
 modules, same priority), and nothing else: what that import alone costs the steps it overlaps."""
 IMPORT_CODE = (
     "import os; from anemoi_profiler.tracking import sender; os.nice(sender.NICENESS); "
-    "sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store')"
+    "sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')"
 )
 KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", IMPORT_BESIDE)
 PROFILED = ("ours", "ours (kept sender)")
@@ -107,7 +112,13 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
     finally:
         if importing is not None:
             importing.wait(120)
-    row: dict[str, Any] = {"kind": kind, "early_step_ms": early_step_ms(clock.ends), "fit_s": fit_s}
+    steps = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
+    row: dict[str, Any] = {
+        "kind": kind,
+        "early_step_ms": early_step_ms(clock.ends),
+        "longest_step_ms": max(steps) * 1000,
+        "fit_s": fit_s,
+    }
     if ours:
         session = ours[0].session
         row["end_s"] = dict(session.end_seconds)
@@ -195,6 +206,43 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
     }
 
 
+def _every_core_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
+    """The first run of a process on a fit that uses every core, as torch does by default: the sender's start-up
+    then has no core of its own, and must yield to the training (its nice level) rather than stall it."""
+    kinds = ("bare", "ours", "bare (control)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        rows = [
+            short_fit(spec, device, "bare" if kind == "bare (control)" else kind, work_dir, store) | {"kind": kind}
+            for repetition in range(repetitions)
+            for kind in _rotated(repetition, kinds)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    by_kind = {kind: [row for row in rows if row["kind"] == kind] for kind in kinds}
+
+    def ratio_pct(kind: str) -> float:
+        pairs = zip(by_kind[kind], by_kind["bare"], strict=True)
+        ratios = [row["early_step_ms"] / bare["early_step_ms"] for row, bare in pairs]
+        return (statistics.median(ratios) - 1) * 100
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(row[key] for row in by_kind[kind])
+
+    return {
+        "spec": SPECS[spec].describe(),
+        "threads": os.cpu_count() or 1,
+        "repetitions": repetitions,
+        "early_overhead_pct": ratio_pct("ours"),
+        "early_control_pct": ratio_pct("bare (control)"),
+        "fit_extra_s": median("ours", "fit_s") - median("bare", "fit_s"),
+        "fit_control_s": median("bare (control)", "fit_s") - median("bare", "fit_s"),
+        "longest_step_ms": {kind: median(kind, "longest_step_ms") for kind in kinds},
+        "fit_runs_s": {kind: [row["fit_s"] for row in by_kind[kind]] for kind in kinds},
+    }
+
+
 def delivered(row: dict[str, Any], store: str) -> dict[str, Any]:
     """The profiled run as MLflow has it: every metric of its metrics.json, FINISHED (read after all timings,
     so MLflow is never imported into the process while it times fits)."""
@@ -263,4 +311,5 @@ def short_run(
             "spec": SPECS[end_spec].describe(),
             **_script_set(end_spec, device, script_repetitions, folder, store),
         },
+        "every_core": _every_core_set(early_spec, device, max(1, repetitions // 3), folder, store),
     }

@@ -89,6 +89,9 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
     assert len(results["short_run"]["early_steps"]["import_beside_ratios"]) == results["short_run"]["repetitions"]
+    every_core = results["short_run"]["every_core"]
+    assert every_core["threads"] == os.cpu_count()
+    assert len(every_core["fit_runs_s"]["ours"]) == every_core["repetitions"]
     statuses = {target["target"]: target["status"] for target in results["targets"]}
     assert set(statuses.values()) <= {"PASS", "FAIL", "SKIP", "NOISY"}
     assert statuses["always_on_cost_pct"] != "SKIP" and statuses["outside_windows_excess_pp"] != "SKIP"
