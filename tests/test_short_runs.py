@@ -165,13 +165,13 @@ def test_the_sender_imports_mlflow_in_idle_time_and_serves_at_its_own_priority(t
     assert seen == {"importing": [os.SCHED_IDLE], "serving": os.sched_getscheduler(0), "imported": True}
 
 
-def imported_by_the_sender(store_module: str, tmp_path: Path) -> list[str]:
-    """Which of pandas, MLflow's client and `store_module` a fresh sender's start-up imported."""
+def imported_by_the_sender(store_module: str | None, tmp_path: Path) -> list[str]:
+    """Which of pandas, numpy, MLflow's client and `store_module` a fresh sender's start-up imported."""
     script = (
         "import json, sys\n"
         "from anemoi_profiler.tracking import sender\n"
         f"sender._import_mlflow({store_module!r})\n"
-        f"names = ('pandas', 'mlflow.tracking', {store_module!r})\n"
+        f"names = ('pandas', 'numpy', 'mlflow.tracking', {store_module!r})\n"
         "print(json.dumps([name for name in names if name in sys.modules]))\n"
     )
     environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -182,15 +182,18 @@ def imported_by_the_sender(store_module: str, tmp_path: Path) -> list[str]:
     return json.loads(completed.stdout)
 
 
-def test_the_sender_starts_without_what_mlflow_imports_only_for_datasets(tmp_path: Path) -> None:
-    imported = imported_by_the_sender("mlflow.store.tracking.sqlalchemy_store", tmp_path)
-    assert imported == ["mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store"]
+@pytest.mark.parametrize("store_module", ["mlflow.store.tracking.sqlalchemy_store", None], ids=["sqlite", "server"])
+def test_the_sender_starts_without_what_mlflow_imports_only_for_datasets(
+    store_module: str | None, tmp_path: Path
+) -> None:
+    imported = imported_by_the_sender(store_module, tmp_path)
+    assert imported == ["mlflow.tracking", *([store_module] if store_module else [])]
 
 
 def test_a_store_that_needs_what_is_left_out_still_gets_it(tmp_path: Path) -> None:
     (tmp_path / "store_needing_pandas.py").write_text("import pandas\n")
     imported = imported_by_the_sender("store_needing_pandas", tmp_path)
-    assert imported == ["pandas", "mlflow.tracking", "store_needing_pandas"]
+    assert imported == ["pandas", "numpy", "mlflow.tracking", "store_needing_pandas"]
 
 
 def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:

@@ -40,9 +40,10 @@ NICENESS = 10
 """How much lower than the training's the sender's CPU priority is (see `serve`)."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
-LEFT_OUT_IMPORTS = frozenset({"pandas"})
-"""What MLflow imports only when it is installed (mlflow-skinny goes without it), for the datasets the sender
-never logs. Left out of the sender's start-up, MLflow is ready about 0.2 s sooner and holds 50 MB less."""
+LEFT_OUT_IMPORTS = frozenset({"pandas", "numpy"})
+"""What MLflow imports only when it is installed (mlflow-skinny goes without them), for the datasets and model
+signatures the sender never logs. Left out of the sender's start-up, MLflow is ready sooner (pandas: 0.2 s of
+1.2; numpy: 0.15 s of 1.8 on a slower day) and holds 60 MB less."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
 """MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
 
