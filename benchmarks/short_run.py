@@ -208,10 +208,10 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
 
 def _every_core_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
     """The first run of a process on a fit that uses every core, as torch does by default: the sender's start-up
-    then has no core of its own, and must yield to the training (its nice level) rather than stall it."""
+    then has no core of its own, and must wait for idle time rather than stall the training."""
     kinds = ("bare", "ours", "bare (control)")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    threads, every_core = torch.get_num_threads(), os.cpu_count() or 1
+    torch.set_num_threads(every_core)
     try:
         rows = [
             short_fit(spec, device, "bare" if kind == "bare (control)" else kind, work_dir, store) | {"kind": kind}
@@ -232,7 +232,7 @@ def _every_core_set(spec: str, device: str, repetitions: int, work_dir: Path, st
 
     return {
         "spec": SPECS[spec].describe(),
-        "threads": os.cpu_count() or 1,
+        "threads": every_core,
         "repetitions": repetitions,
         "early_overhead_pct": ratio_pct("ours"),
         "early_control_pct": ratio_pct("bare (control)"),

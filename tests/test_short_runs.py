@@ -137,7 +137,7 @@ def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_pat
     deadline = time.monotonic() + 10
     while psutil.Process(process.pid).nice() == os.nice(0) and time.monotonic() < deadline:
         time.sleep(0.01)  # it ignores SIGINT before it lowers its priority
-    os.kill(process.pid, signal.SIGINT)  # as Python 3.10, which has no process group to give it, lets it get one
+    os.kill(process.pid, signal.SIGINT)  # what a Ctrl-C sends it on Python 3.10, where it shares our group
     train, _ = loaders(n_train=64)
     trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
