@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from argparse import ArgumentParser, Namespace
 from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -77,7 +79,10 @@ def test_cli_prints_the_comparison_and_writes_a_self_contained_page(
     rows = RowClasses()
     rows.feed(page)
     assert "regression" in rows.classes and "script" not in rows.tags
-    assert rows.tags.count("svg") == 2  # samples/s and step time of both runs over the steps
+    plots = [base64.b64decode(src.split(",", 1)[1]) for src in rows.images]
+    assert len(plots) == 2 and all(src.startswith("data:image/svg+xml;base64,") for src in rows.images)
+    for plot in plots:  # samples/s and step time, a line for each run over the steps
+        assert len(list(ElementTree.fromstring(plot).iter("{http://www.w3.org/2000/svg}polyline"))) == 2
     for external in ('src="http', 'href="http', "@import", "url(http"):
         assert external not in page
 
@@ -87,9 +92,12 @@ class RowClasses(HTMLParser):
         super().__init__()
         self.classes: list[str] = []
         self.tags: list[str] = []
+        self.images: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.append(tag)
+        if tag == "img":
+            self.images += [value or "" for name, value in attrs if name == "src"]
         if tag == "tr":
             self.classes += [value or "" for name, value in attrs if name == "class"]
 

@@ -10,6 +10,7 @@ import subprocess
 from argparse import ArgumentParser, Namespace
 from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli import report as report_command
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.html import render_html, write_html_report
-from anemoi_profiler.reports.plots import figures, write_plot_images
+from anemoi_profiler.reports.plots import charts, figures, write_plot_files
 from anemoi_profiler.reports.run_data import RunData
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -100,11 +101,11 @@ def test_the_page_is_self_contained_with_every_part(profiled_run: Path) -> None:
         assert external not in page, external
     assert "script" not in parsed.tags and "link" not in parsed.tags
     assert parsed.section_ids == ["diagnosis", "plots", "operators", "model", "hta", "tables"]
-    # throughput, step time, memory, system: embedded, the very images of plots/*.png
+    # throughput, step time, memory, system: embedded, the very files of plots/*.svg
     assert len(parsed.image_sources) == 4
-    plot_files = sorted((profiled_run / "plots").glob("*.png"))
+    plot_files = sorted((profiled_run / "plots").glob("*.svg"))
     embedded = sorted(base64.b64decode(src.split(",", 1)[1]) for src in parsed.image_sources)
-    assert all(src.startswith("data:image/png;base64,") for src in parsed.image_sources)
+    assert all(src.startswith("data:image/svg+xml;base64,") for src in parsed.image_sources)
     assert embedded == sorted(path.read_bytes() for path in plot_files)
     text = " ".join(parsed.text)
     for expected in ("training samples/s", "Top operators", "Memory by operator", "Model summary", "Throughput"):
@@ -164,11 +165,17 @@ def test_operator_tables_from_the_report_files_without_report_json(profiled_run:
     assert PLANTED_OP in text and "How to read this table:" in text
 
 
-def test_figures_for_mlflow_and_plot_images(profiled_run: Path) -> None:
-    assert sorted(figures(profiled_run)) == ["memory", "step_time", "system", "throughput"]
-    images = write_plot_images(profiled_run)  # drawn again: what `anemoi-profiler report` does
-    assert [p.name for p in images] == ["throughput.png", "step_time.png", "memory.png", "system.png"]
-    assert all(p.parent == profiled_run / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in images)
+def test_plot_files_for_mlflow_and_figures_for_a_notebook(profiled_run: Path) -> None:
+    written = write_plot_files(profiled_run)  # drawn again: what `anemoi-profiler report` does
+    assert [p.name for p in written] == ["throughput.svg", "step_time.svg", "memory.svg", "system.svg"]
+    for path in written:
+        root = ElementTree.parse(path).getroot()  # well-formed, a document of its own
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and path.parent == profiled_run / "plots"
+        drawn = [element.tag.split("}")[1] for element in root.iter()]
+        assert "polyline" in drawn or drawn.count("rect") > 3, path.name  # the data, not only the axes
+    titles = {name: chart.title for name, chart in charts(profiled_run).items()}
+    shown = {name: figure.axes[0].get_title(loc="left") for name, figure in figures(profiled_run).items()}
+    assert shown == titles and titles["throughput"] == "Throughput"
 
 
 def report_args(*argv: str) -> Namespace:
@@ -214,7 +221,7 @@ def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Pa
     # the plots are drawn again with report.html
     assert downloaded == [
         "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
-        "model_summary.txt", "plots/memory.png", "plots/step_time.png", "plots/system.png", "plots/throughput.png",
+        "model_summary.txt", "plots/memory.svg", "plots/step_time.svg", "plots/system.svg", "plots/throughput.svg",
         "report.html", "report.json", "report.txt", "time_report.json",
     ]  # fmt: skip
     assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()

@@ -188,4 +188,4 @@ class ReportConfig:
     console: bool = _opt(True, "Print the report at the end of the run.")
     txt: bool = _opt(True, "Write report.txt.")
     json: bool = _opt(True, "Write report.json.")
-    html: bool = _opt(True, "Write report.html (self-contained, plots inline) and plots/*.png.")
+    html: bool = _opt(True, "Write report.html (self-contained, plots inline) and plots/*.svg.")

@@ -3,7 +3,7 @@
 ```
 <output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
   config.yaml  environment.json  metrics.json
-  report.txt  report.json  report.html  plots/<name>.png
+  report.txt  report.json  report.html  plots/<name>.svg
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
   memory/snapshot_rank<r>.pickle  memory/snapshot_rank<r>_exception.pickle  memory/timeline_rank<r>.html

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 def regenerate_reports(run: RunData, diagnosis: ReportSection | None) -> list[Path]:
     """report.txt and report.json with `diagnosis` first (when the run has a readable report.json), and
     report.html."""
-    from ..reports.html import write_html_report  # matplotlib only now: `anemoi-profiler --help` stays fast
+    from ..reports.html import write_html_report  # the report modules only now: `anemoi-profiler --help` stays fast
 
     written = []
     if run.header or run.sections:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..report import format_value, plain_table
+from .charts import Chart, Series, to_svg
+from .html import esc, html_page, html_table, svg_image
 from .run_data import RunData
 
 REGRESSION_THRESHOLD_PCT = 5.0
@@ -135,8 +137,6 @@ def format_text(comparison: Comparison) -> str:
 
 
 def render_html(comparison: Comparison) -> str:
-    from .html import esc, html_page, html_table  # matplotlib only when a page is asked for
-
     a, b = comparison.a, comparison.b
     described_a, described_b = a.describe(), b.describe()
     keys = list(dict.fromkeys([*described_a, *described_b]))
@@ -186,21 +186,14 @@ def _ms_per_step(run: RunData, column: str) -> dict[str, float]:
 
 
 def _table(columns: list[str], differences: list[Difference], name_column: bool = False) -> str:
-    from .html import html_table
-
     rows = [d.cells() for d in differences]
     return html_table(columns, rows, name_column=name_column, row_classes=[d.status for d in differences])
 
 
 def _overlay(key: str, title: str, a: RunData, b: RunData) -> str:
-    from .plots import new_figure, svg_markup
-
-    figure, axes = new_figure(title)
+    chart = Chart(title, x_label="step", y_min=0)
     for name, run in (("A", a), ("B", b)):
         steps, values = run.series(key)
         if steps:
-            axes.plot(steps, values, marker="o", label=f"{name}: {run.folder.name}")
-    axes.set_xlabel("step")
-    axes.set_ylim(bottom=0)
-    axes.legend(loc="best", fontsize="small")
-    return svg_markup(figure, f"{key.replace('/', '-')}-")
+            chart.series.append(Series(f"{name}: {run.folder.name}", steps, values, markers=True))
+    return svg_image(to_svg(chart), title)

@@ -1,7 +1,7 @@
 """`report.html`: the whole run on one self-contained page, diagnosis first.
 
 One file that opens anywhere, offline, and can be mailed or attached to an issue: inline CSS, plots as
-embedded PNG images (the same as `plots/*.png`), no script, nothing fetched from the network. Names come
+embedded SVG images (the very files of `plots/*.svg`), no script, nothing fetched from the network. Names come
 from the user's model and traces (modules, operators, kernels) and are HTML-escaped like every other value
 on the page.
 """
@@ -20,7 +20,7 @@ from ..report import format_value
 from .description import key_figures
 from .diagnosis import TITLE as DIAGNOSIS_TITLE
 from .diagnosis import NotAssessed, Outcome, assess, fired
-from .plots import plot_images, write_plot_images
+from .plots import plot_svgs, write_plot_files
 from .run_data import RunData, load_run
 
 MAX_NAME = 120
@@ -58,28 +58,28 @@ dl.header dt { color: var(--muted); } dl.header dd { margin: 0; }
 .tile { background: var(--bg); padding: 8px 14px; min-width: 150px; border-radius: 4px; }
 .tile b { display: block; font-size: 20px; } .tile span { color: var(--muted); font-size: 12px; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
-.plots img { width: 100%; height: auto; }
+.plots figure { margin: 0; } .plots img { width: 100%; height: auto; }
 pre { background: var(--bg); padding: 10px; overflow-x: auto; font-size: 12px; }
 tr.regression td { background: #fdecea; } tr.improvement td { background: #eaf7ee; }
 """
 
 
 def write_html_report(run_dir: Path) -> Path:
-    """Write `<run folder>/report.html` and the plots it shows, `plots/*.png`, from the run folder's files;
+    """Write `<run folder>/report.html` and the plots it shows, `plots/*.svg`, from the run folder's files;
     return the page's path."""
     run = load_run(run_dir)
-    images = plot_images(run)
+    svgs = plot_svgs(run)
     path = run.folder / REPORT_HTML
-    path.write_text(render_html(run, images), encoding="utf-8")
-    write_plot_images(run.folder, images)
+    path.write_text(render_html(run, svgs), encoding="utf-8")
+    write_plot_files(run.folder, svgs)
     return path
 
 
-def render_html(run: RunData, images: dict[str, bytes] | None = None) -> str:
-    """The page; `images` are the run's plots as PNG (see `plots.plot_images`), drawn now if not given."""
+def render_html(run: RunData, svgs: dict[str, str] | None = None) -> str:
+    """The page; `svgs` are the run's plots (see `plots.plot_svgs`), drawn now if not given."""
     parts = {
         "diagnosis": _diagnosis(assess(run)),
-        "plots": _plots(plot_images(run) if images is None else images),
+        "plots": _plots(plot_svgs(run) if svgs is None else svgs),
         "operators": _operators(run),
         "model": _model_summary(run),
         "hta": _hta(run),
@@ -157,13 +157,16 @@ def _key_numbers(run: RunData) -> str:
     return f"<div class='tiles'>{''.join(tiles)}</div>{note}" if tiles else ""
 
 
-def _plots(images: dict[str, bytes]) -> str:
+def _plots(svgs: dict[str, str]) -> str:
     plots = "".join(
-        f"<figure><img alt='{esc(name.replace('_', ' '))} plot' src='data:image/png;base64,"
-        f"{base64.b64encode(image).decode('ascii')}'></figure>"
-        for name, image in images.items()
+        f"<figure>{svg_image(svg, f'{name} plot'.replace('_', ' '))}</figure>" for name, svg in svgs.items()
     )
     return f"<h2>Plots</h2><div class='plots'>{plots}</div>" if plots else ""
+
+
+def svg_image(svg: str, alt: str) -> str:
+    """An `<img>` of an SVG document, embedded: its own document, so nothing in it meets the page's CSS or ids."""
+    return f"<img alt='{esc(alt)}' src='data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode('ascii')}'>"
 
 
 def _operators(run: RunData) -> str:

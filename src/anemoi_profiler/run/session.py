@@ -298,10 +298,10 @@ class ProfilerSession:
             report.print_console()
 
     def _write_html_report(self) -> None:
-        from ..reports.html import write_html_report  # matplotlib is imported only here
+        from ..reports.html import write_html_report  # the report modules, at the end only
 
         assert self.run_dir is not None
-        write_html_report(self.run_dir)  # and plots/*.png, uploaded with the run folder
+        write_html_report(self.run_dir)  # and plots/*.svg, uploaded with the run folder
 
     # ---- what callbacks call ----
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
