@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.demo import run_demo
+from anemoi_profiler.reports.charts import WIDTH
 from anemoi_profiler.tracking.uris import MODEL_TRAINING_VIEW
 from tests.helpers.chromium import CHROMIUM, Browser
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -32,6 +34,15 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"),
 ]
+
+
+def drawn_width(browser: Browser, selector: str, timeout_s: float = 30.0) -> int:
+    """The widest loaded image the selector finds (0 while none has loaded)."""
+    deadline = time.monotonic() + timeout_s
+    widths = f"Math.max(0, ...[...document.querySelectorAll({selector!r})].map(image => image.naturalWidth))"
+    while (width := int(browser.evaluate(widths))) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return width
 
 
 @pytest.fixture
@@ -86,6 +97,11 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     browser.wait_for_count("svg.main-svg", len(SYSTEM_METRICS))
     browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
     screenshots.append(browser.screenshot(tmp_path / "mlflow_system_metrics.png", height=760))
+
+    # The report's plots are SVG files: MLflow's artifact viewer draws each as an image at its own size.
+    browser.open(f"{run_page}/artifacts/profiler/plots/throughput.svg?{MODEL_TRAINING_VIEW}")
+    browser.wait_for_count("img[src^='blob:']", 1)
+    assert drawn_width(browser, "img[src^='blob:']") == WIDTH
 
     # A run sent to the server prints the server's link: it opens that run in the model-training view.
     train, _ = loaders(n_train=64)
