@@ -89,6 +89,10 @@ def test_a_long_legend_wraps_into_rows_above_the_plot() -> None:
     chart.series += [Series(f"node_{i} gpu {i} utilisation", [0, 1], [1.0, 2.0]) for i in range(8)]
     legend_rows = {t.get("y") for t in elements(chart, "text") if (t.text or "").startswith("node_")}
     assert len(legend_rows) > 1
+    (frame,) = [r for r in elements(chart, "rect") if r.get("fill") == "none"]
+    one_row = Chart("System metrics", series=chart.series[:1])
+    (one_row_frame,) = [r for r in elements(one_row, "rect") if r.get("fill") == "none"]
+    assert frame.get("height") == one_row_frame.get("height")  # the drawing grows, the plot keeps its height
 
 
 def test_the_same_chart_as_a_matplotlib_figure() -> None:
@@ -101,3 +105,18 @@ def test_the_same_chart_as_a_matplotlib_figure() -> None:
     assert axes.get_title(loc="left") == "Peak memory" and axes.get_ylabel() == "GB"
     assert [line.get_label() for line in axes.get_lines()] == ["allocated", "device memory"]
     assert len(axes.patches) == 2 and axes.get_ylim()[0] == 0
+
+
+def test_a_long_series_is_thinned_to_what_the_pixels_show_and_keeps_its_extremes() -> None:
+    steps = list(range(100_000))
+    values = [float(step % 100) for step in steps]
+    values[54_321] = 1000.0  # one spike among a day of samples
+    chart = Chart("System metrics", series=[Series("cpu", steps, values)])
+    (line,) = elements(chart, "polyline")
+    drawn = points(line)
+    assert len(drawn) <= 4 * WIDTH and len(to_svg(chart)) < 100_000
+    (frame,) = [r for r in elements(chart, "rect") if r.get("fill") == "none"]
+    top, bottom = float(frame.get("y")), float(frame.get("y")) + float(frame.get("height"))
+    highest, lowest = min(y for _, y in drawn), max(y for _, y in drawn)
+    assert highest - top < 0.05 * (bottom - top) and bottom - lowest < 0.05 * (bottom - top)  # spike and floor
+    assert [x for x, _ in drawn] == sorted(x for x, _ in drawn)

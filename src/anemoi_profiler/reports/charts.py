@@ -13,13 +13,15 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from html import escape
+from itertools import groupby
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 WIDTH, HEIGHT = 640, 280
-"""The drawing's size in CSS pixels; report.html scales it to the page."""
+"""The drawing's size in CSS pixels (taller by a row for each extra row of legend); report.html scales it to the
+page."""
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 """Matplotlib's default colours, so that a chart and its `to_matplotlib` figure look alike."""
 LEVEL_COLOR = "#808080"
@@ -76,18 +78,19 @@ def to_svg(chart: Chart) -> str:
     entries = [(s.label, s, color) for s, color in colored] + [(label, None, LEVEL_COLOR) for label in chart.levels]
     rows = _legend_rows([label for label, _, _ in entries], WIDTH - _MARGIN["left"])
     top = _MARGIN["title"] + _MARGIN["legend_row"] * len(rows) + 8
-    area = _Area(_MARGIN["left"], top, WIDTH - _MARGIN["right"], HEIGHT - _MARGIN["bottom"])
+    height = HEIGHT + _MARGIN["legend_row"] * max(0, len(rows) - 1)  # the plot keeps its height
+    area = _Area(_MARGIN["left"], top, WIDTH - _MARGIN["right"], height - _MARGIN["bottom"])
     x_lo, x_hi = _x_range(chart)
     y_lo, y_hi = _y_range(chart)
     x_ticks, y_ticks = nice_ticks(x_lo, x_hi), nice_ticks(y_lo, y_hi)
     to_x = area.scale_x(x_lo, x_hi)
     to_y = area.scale_y(y_lo, y_hi)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" '
         f'role="img" aria-label="{escape(chart.title)}" font-family="system-ui, -apple-system, Segoe UI, Roboto, '
         f'Helvetica, Arial, sans-serif" font-size="{FONT_PX}" fill="#1d2129">',
         f"<title>{escape(chart.title)}</title>",
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+        f'<rect width="{WIDTH}" height="{height}" fill="#fff"/>',
         f'<text x="{area.left}" y="17" font-size="13" font-weight="600">{escape(chart.title)}</text>',
     ]
     parts += _grid_and_axes(chart, area, x_ticks, y_ticks, to_x, to_y)
@@ -221,7 +224,7 @@ def _grid_and_axes(
     )
     if chart.x_label:
         parts.append(
-            f'<text x="{_f(area.left + width / 2)}" y="{HEIGHT - 8}" text-anchor="middle">'
+            f'<text x="{_f(area.left + width / 2)}" y="{_f(area.bottom + 36)}" text-anchor="middle">'
             f"{escape(chart.x_label)}</text>"
         )
     if chart.y_label:
@@ -264,14 +267,28 @@ def _draw(series: Series, color: str, to_x: Scale, to_y: Scale) -> list[str]:
 
 
 def _segments(points: list[tuple[float, float]], to_x: Scale, to_y: Scale) -> list[list[tuple[float, float]]]:
-    """The line's runs of finite points: a missing value (NaN) breaks it, as in matplotlib."""
+    """The line's runs of finite points (a missing value, NaN, breaks it, as in matplotlib), each thinned to
+    what a pixel column can show."""
     segments: list[list[tuple[float, float]]] = [[]]
     for x, y in points:
         if math.isfinite(x) and math.isfinite(y):
             segments[-1].append((to_x(x), to_y(y)))
         elif segments[-1]:
             segments.append([])
-    return [segment for segment in segments if segment]
+    return [_thinned(segment) for segment in segments if segment]
+
+
+def _thinned(segment: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Per pixel column, the first, lowest, highest and last point: the line looks the same, and a day of
+    system samples stays a file of kilobytes, not megabytes."""
+    if len(segment) <= 4 * (WIDTH - _MARGIN["left"] - _MARGIN["right"]):
+        return segment
+    thinned: list[tuple[float, float]] = []
+    for _, column in groupby(segment, key=lambda point: round(point[0])):
+        points = list(column)
+        kept = [points[0], min(points, key=lambda p: p[1]), max(points, key=lambda p: p[1]), points[-1]]
+        thinned += sorted(set(kept), key=points.index)
+    return thinned
 
 
 def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
