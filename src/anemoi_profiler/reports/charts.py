@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from html import escape
-from itertools import groupby
+from itertools import cycle, groupby
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -67,9 +67,9 @@ class Chart:
 
     def colored(self) -> Iterator[tuple[Series, str]]:
         """Each series with its colour: its own, or the next of `COLORS`."""
-        cycle = (COLORS[i % len(COLORS)] for i in range(len(self.series)))
+        colors = cycle(COLORS)
         for series in self.series:
-            yield series, series.color or next(cycle)
+            yield series, series.color or next(colors)
 
 
 def to_svg(chart: Chart) -> str:
@@ -296,13 +296,18 @@ def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
     rows: list[list[int]] = []
     used = width
     for index, label in enumerate(labels):
-        entry = 30 + len(label) * _CHAR_PX + 16
+        entry = _legend_width(label)
         if used + entry > width:
             rows.append([])
             used = 0.0
         rows[-1].append(index)
         used += entry
     return rows
+
+
+def _legend_width(label: str) -> float:
+    """An entry's width: its sample (30 px with the gap), its label, the space before the next."""
+    return 30 + len(label) * _CHAR_PX + 16
 
 
 def _legend(rows: list[list[int]], entries: list[tuple[str, Series | None, str]], top: float) -> list[str]:
@@ -314,7 +319,7 @@ def _legend(rows: list[list[int]], entries: list[tuple[str, Series | None, str]]
             label, series, color = entries[index]
             parts.append(_swatch(series, color, x, y))
             parts.append(f'<text x="{_f(x + 26)}" y="{_f(y)}" dominant-baseline="middle">{escape(label)}</text>')
-            x += 30 + len(label) * _CHAR_PX + 16
+            x += _legend_width(label)
     return parts
 
 
