@@ -245,7 +245,7 @@ class ThroughputCallback(StageCallback):
             notes.append(
                 f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
                 "MLflow sender, a separate process, importing MLflow and creating the run), which can read them "
-                "slower even with a core free for it (by about 3 % on 2 shared cores: docs/benchmarks.md). On Linux, "
+                "slower even with a core free for it (by 0.2–4 % on 2 shared cores: docs/benchmarks.md). On Linux, "
                 "where the training kept every core busy, the sender waited for idle time instead, and MLflow "
                 "got the records at the end. A longer run, more warmup_steps, or a later run of the same process (its "
                 "sender is kept) measures without it."
