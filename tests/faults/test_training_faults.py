@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -25,10 +26,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from anemoi_profiler import build_callbacks
 from anemoi_profiler.analysis.preflight import check_window
+from anemoi_profiler.callbacks import StepTimingCallback, ThroughputCallback
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.reports.run_data import read_history
 from anemoi_profiler.tracking.spool import pending_batches
-from tests.faults.fault_helpers import metric_steps, only_run, only_run_folder, quick_config
+from tests.faults.fault_helpers import (
+    assert_same_weights,
+    metric_steps,
+    only_run,
+    only_run_folder,
+    quick_config,
+    seeded_fit,
+)
 from tests.faults.fault_servers import ErrorServer, SlowProxy
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -54,6 +63,35 @@ def sigint_handler() -> Iterator[None]:
     handler = signal.getsignal(signal.SIGINT)
     yield
     signal.signal(signal.SIGINT, handler)
+
+
+class MiscountingThroughput(ThroughputCallback):
+    """A bug in what the stage clock calls inside Lightning's batch hook, from the fourth batch on."""
+
+    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
+        if self.clock.train_batches_seen > 3:
+            raise ZeroDivisionError("a bug in counting")
+        return super().count_batch(stage, batch)
+
+
+def test_an_error_in_the_clocks_batch_hooks_stops_the_driving_not_the_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driving callback's batch hooks are the clock's own methods, with no guard around them: their own
+    catches the error, logs it once, and takes the hooks off, so Lightning stops calling them."""
+    config = quick_config(tmp_path / "runs", "tracking.enabled=false", "system.enabled=false")
+    throughput, timing = MiscountingThroughput(config), StepTimingCallback(config)
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler"):
+        profiled = seeded_fit([throughput, timing])
+    assert_same_weights(profiled, seeded_fit([]))
+    (message,) = [r.getMessage() for r in caplog.records if "stopped measuring" in r.getMessage()]
+    assert "MiscountingThroughput stopped measuring after an error in on_train_batch_end" in message
+    assert "ZeroDivisionError: a bug in counting" in message
+    assert throughput.disabled and throughput.on_train_batch_end is None and throughput.on_train_batch_start is None
+    assert throughput.clock.train_batches_seen == 4  # not called again after the error
+    assert not timing.disabled
+    folder = only_run_folder(tmp_path / "runs")
+    assert json.loads((folder / "report.json").read_text())["header"]["status"] == "FINISHED"
 
 
 def test_exception_in_a_step_flushes_traces_report_metrics_and_marks_the_run_failed(

@@ -52,16 +52,20 @@ def guarded(hook: F) -> F:
             return hook(self, *args, **kwargs)
         except Exception as error:
             self.disabled = True
-            log.warning(
-                "anemoi-profiler: %s stopped measuring after an error in %s: %s: %s (training continues)",
-                type(self).__name__,
-                hook.__name__,
-                type(error).__name__,
-                error,
-            )
+            log_failure(self, hook.__name__, error)
             return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def log_failure(callback: Any, hook: str, error: Exception) -> None:
+    log.warning(
+        "anemoi-profiler: %s stopped measuring after an error in %s: %s: %s (training continues)",
+        type(callback).__name__,
+        hook,
+        type(error).__name__,
+        error,
+    )
 
 
 class ProfilerCallback(Callback):

@@ -1,8 +1,11 @@
 """The base of callbacks that turn the session's training and validation intervals into metrics.
 
-Every such callback of a session listens to one `StageClock`. The first to start drives it from its batch
-hooks; the others take their batch hooks off the instance, so Lightning does not even call them, and
-only receive laps (see `stage_clock`).
+Every such callback of a session listens to one `StageClock`. The first to start drives it: its batch hooks
+are the clock's own methods, put on its instance, so that Lightning calls the clock with nothing in between.
+The others have no batch hooks, so Lightning does not even call them, and only receive laps (see
+`stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the driving
+(logged once); one in the driving callback's other hooks disables that callback's own metrics but leaves the
+clock running for the others, and in step with the other ranks' exchanges.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from ..run.intervals import Lap, RankTotals, StageMeter
 from ..run.loop_timer import LoopTimer
-from .base import ProfilerCallback, guarded
+from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,11 @@ _DRIVING_HOOKS = (
 
 
 class StageCallback(ProfilerCallback):
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        for hook in _DRIVING_HOOKS:  # a callback that drove an earlier run's clock: not this one's, yet
+            setattr(self, hook, None)
+        super().setup(trainer, pl_module, stage)
+
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         clock = self.session.stage_clock
         assert clock is not None, "the session makes its stage clock when it starts"
@@ -39,11 +47,15 @@ class StageCallback(ProfilerCallback):
         if self.drives:
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
-        for hook in _DRIVING_HOOKS:
-            if not self.drives:
-                setattr(self, hook, None)  # Lightning skips a hook that is not callable
-            elif hook in self.__dict__ and self.__dict__[hook] is None:
-                del self.__dict__[hook]  # a callback reused in a later fit may drive this time
+            clock.hook_failed = self._driving_hook_failed
+            for hook in _DRIVING_HOOKS:
+                setattr(self, hook, getattr(clock, hook))
+
+    def _driving_hook_failed(self, hook: str, error: Exception) -> None:
+        for name in _DRIVING_HOOKS:
+            setattr(self, name, None)  # Lightning skips a hook that is not callable
+        self.disabled = True
+        log_failure(self, hook, error)
 
     def _install_timers(self, trainer: Any) -> None:
         """The loop timer in place of the trainer's profiler (it times the fetches) and the callback marks.
@@ -51,12 +63,11 @@ class StageCallback(ProfilerCallback):
         A trainer without either (a stand-in) gets neither: its data wait is then not assessed."""
         if getattr(trainer, "profiler", None) is None or not isinstance(getattr(trainer, "callbacks", None), list):
             return
-        timer = LoopTimer(trainer.profiler, self.clock.gaps.fetched)
+        timer = LoopTimer(trainer.profiler)
         trainer.profiler = timer
         marks = insert_marks(trainer, self.clock.gaps, self, self._is_ours)
-        self.clock.gaps.loop_timer = timer
         ours = [c for c in trainer.callbacks if self._is_ours(c) or any(c is mark for mark in marks)]
-        self.clock.gaps.own_state_keys = frozenset(callback.state_key for callback in ours)
+        self.clock.gaps.attach(timer, frozenset(callback.state_key for callback in ours))
         self._installed = (trainer, timer, marks)
 
     def _is_ours(self, callback: Any) -> bool:
@@ -124,7 +135,7 @@ class StageCallback(ProfilerCallback):
                 error,
             )
 
-    # ---- hooks: the driving callback forwards them to the clock ----
+    # ---- stage hooks: the driving callback forwards them to the clock ----
     @guarded
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:  # the strategy has wrapped the model now
@@ -136,14 +147,6 @@ class StageCallback(ProfilerCallback):
             self.clock.train_start()
 
     @guarded
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.clock.train_batch_start(batch)
-
-    @guarded
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.clock.train_batch_end(trainer, batch)
-
-    @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.train_end(trainer)
@@ -152,18 +155,6 @@ class StageCallback(ProfilerCallback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.validation_start(trainer)
-
-    @guarded
-    def on_validation_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self.clock.validation_batch_start(trainer)
-
-    @guarded
-    def on_validation_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self.clock.validation_batch_end(trainer, batch)
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:

@@ -139,20 +139,19 @@ class StageMeter:
         self._own_work_at_open = 0.0
         self._own_work_s = 0.0
         self._open: Marker | None = None
+        self.running = False
+        """Whether an interval is open (between `start` and `stop`)."""
         self._segments: list[tuple[Marker, Marker]] = []
         self.batches = 0
         self._samples = 0
         self._items = 0
-        self._gap = GapTimes()
+        self.gap = GapTimes()
+        """The current interval's gap times, which `BatchGaps.batch_ended` adds each batch's to."""
         self._pending: list[Lap] = []
         self.first_started_at: float | None = None
         """`perf_counter` when the stage's first measured interval began (after the warmup)."""
         self.last_stopped_at: float | None = None
         """`perf_counter` when it last stopped (for training: at a validation or the end of training)."""
-
-    @property
-    def running(self) -> bool:
-        return self._open is not None
 
     def _mark(self) -> Marker:
         if self._cuda:
@@ -164,6 +163,7 @@ class StageMeter:
     def start(self) -> None:
         if self._open is None:
             self._open = self._mark()
+            self.running = True
             self._own_work_at_open = self._own_work()
             if self.first_started_at is None:
                 self.first_started_at = time.perf_counter()
@@ -172,13 +172,9 @@ class StageMeter:
         if self._open is not None:
             self._segments.append((self._open, self._mark()))
             self._open = None
+            self.running = False
             self.last_stopped_at = time.perf_counter()
             self._own_work_s += self._own_work() - self._own_work_at_open
-
-    @property
-    def gap(self) -> GapTimes:
-        """The current interval's gap times, which `BatchGaps.batch_ended` adds each batch's to."""
-        return self._gap
 
     def count(self, samples: int, items: int) -> None:
         self.batches += 1
@@ -195,13 +191,13 @@ class StageMeter:
             self._own_work_s += now - self._own_work_at_open
             self._own_work_at_open = now
         if self.batches:
-            lap = Lap(step, self.batches, self._samples, self._items, self._gap, self._segments, extras or {})
+            lap = Lap(step, self.batches, self._samples, self._items, self.gap, self._segments, extras or {})
             lap.own_work_s = self._own_work_s
             self._pending.append(lap)
         self._own_work_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0
-        self._gap = GapTimes()
+        self.gap = GapTimes()
 
     def take(self, keep_newest: bool) -> list[Lap]:
         """Laps ready to be read; on CUDA the newest is kept back until the next boundary."""

@@ -17,20 +17,21 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from .intervals import STAGES
+
 FETCH_ACTIONS = {
     "[_TrainingEpochLoop].train_dataloader_next": "train",
     "[_EvaluationLoop].val_next": "val",
 }
 CALLBACK_ACTION = "[Callback]"
 
-FetchHandler = Callable[[str, float, float], None]
-"""Called with (stage, fetch start, fetch end) as `perf_counter` readings."""
-
 
 class LoopTimer:
-    def __init__(self, profiler: Any, on_fetch: FetchHandler) -> None:
+    def __init__(self, profiler: Any) -> None:
         self.wrapped = profiler
-        self._on_fetch = on_fetch
+        self.fetch_s = dict.fromkeys(STAGES, 0.0)
+        """Seconds fetching per stage, until `BatchGaps` takes them at a batch's end (and zeroes them)."""
+        self.fetches = dict.fromkeys(STAGES, 0)
         self._fetch_started = 0.0
         self.profile = profiler.profile
         self._sample: dict[str, float] | None = None
@@ -46,7 +47,8 @@ class LoopTimer:
         self.wrapped.stop(action_name)
         stage = FETCH_ACTIONS.get(action_name)
         if stage is not None:
-            self._on_fetch(stage, self._fetch_started, time.perf_counter())
+            self.fetch_s[stage] += time.perf_counter() - self._fetch_started
+            self.fetches[stage] += 1
 
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): never recurse

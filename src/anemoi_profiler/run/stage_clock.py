@@ -9,7 +9,8 @@ between the steps went (data fetch, other callbacks, Lightning's loop: see `batc
 (after `throughput.warmup_steps` training batches, never the sanity check), with validation time and the
 profiler's own work (trace export, snapshot dump) taken out of training intervals; and every rank's
 `RankTotals` over the same laps. The hot path per batch is a few `perf_counter` calls and additions and a
-batch-size lookup; logging and the cross-rank exchange happen only at log intervals.
+batch-size lookup, in Lightning's batch hooks themselves (one Python call each, see `on_train_batch_start`);
+logging and the cross-rank exchange happen only at log intervals.
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ class StageClock:
         self.config = config
         self.exchange = exchange
         self.gradient_sync = gradient_sync
-        self._own_work: Callable[[], float] = lambda: own_work.total_s
         self._exchanges_allowed = exchanges_allowed
-        self.meters = {stage: StageMeter(device, self._own_work) for stage in STAGES}
+        self.meters = {stage: StageMeter(device, lambda: own_work.total_s) for stage in STAGES}
         self.totals = {stage: RankTotals() for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
         self.exchanged: dict[str, list[RankTotals]] = {stage: [] for stage in STAGES}
         self.listeners: list[Listener] = []
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
+        self._count = self._count_all
+        self._train = self.meters["train"]
         self.train_batches_seen = 0
-        self.gaps = BatchGaps(self._own_work)
+        self.gaps = BatchGaps(own_work)
+        self.hook_failed: Callable[[str, Exception], None] = _raise
+        """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
         """Add a listener; True when it is the first, which then drives the clock from its hooks."""
@@ -76,6 +80,7 @@ class StageClock:
             self._counters.append(listener.count_batch)
         if has_extras:
             self._extras.append(listener.lap_extras)
+        self._count = self._counters[0] if len(self._counters) == 1 else self._count_all
         return len(self.listeners) == 1
 
     # ---- training ----
@@ -83,29 +88,38 @@ class StageClock:
         if self.config.throughput.warmup_steps == 0:
             self.meters["train"].start()
 
-    def train_batch_start(self, batch: Any) -> None:
-        if self.train_batches_seen == 0:
-            for listener in self.listeners:
-                listener.first_train_batch(batch, ended=False)
-        self.gaps.batch_started()
+    # The four batch hooks are Lightning's own, put on the driving callback's instance (see `StageCallback`):
+    # Lightning calls them directly, between torch's operators, where each Python call costs microseconds.
+    # An error goes to `hook_failed`, which stops the driving; training goes on.
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            if self.train_batches_seen == 0:
+                for listener in self.listeners:
+                    listener.first_train_batch(batch, ended=False)
+            self.gaps.batch_started()
+        except Exception as error:
+            self.hook_failed("on_train_batch_start", error)
 
-    def train_batch_end(self, trainer: Any, batch: Any) -> None:
-        self.train_batches_seen += 1
-        if self.train_batches_seen == 1:
-            for listener in self.listeners:
-                listener.first_train_batch(batch, ended=True)
-        meter = self.meters["train"]
-        if meter.running:
-            self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
-            samples, items = self._count("train", batch)
-            meter.count(samples, items)
-            if meter.batches >= self.config.log_every_n_steps:
-                self.lap(trainer, "train")
-        else:
-            self.gaps.batch_ended("train", None, sample_next_gap=False)
-            if self.train_batches_seen == self.config.throughput.warmup_steps:
-                meter.start()
-                self.gradient_sync.take()  # the warmup's all-reduces are not steady state
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            self.train_batches_seen += 1
+            if self.train_batches_seen == 1:
+                for listener in self.listeners:
+                    listener.first_train_batch(batch, ended=True)
+            meter = self._train
+            if meter.running:
+                self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
+                samples, items = self._count("train", batch)
+                meter.count(samples, items)
+                if meter.batches >= self.config.log_every_n_steps:
+                    self.lap(trainer, "train")
+            else:
+                self.gaps.batch_ended("train", None, sample_next_gap=False)
+                if self.train_batches_seen == self.config.throughput.warmup_steps:
+                    meter.start()
+                    self.gradient_sync.take()  # the warmup's all-reduces are not steady state
+        except Exception as error:
+            self.hook_failed("on_train_batch_end", error)
 
     def train_end(self, trainer: Any) -> None:
         self.lap(trainer, "train", final=True)
@@ -117,21 +131,31 @@ class StageClock:
             self.meters["train"].stop()
         self.gaps.reset()
 
-    def validation_batch_start(self, trainer: Any) -> None:
-        self.gaps.batch_started()
-        if not trainer.sanity_checking:
-            self.meters["val"].start()
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        try:
+            self.gaps.batch_started()
+            if not trainer.sanity_checking:
+                self.meters["val"].start()
+        except Exception as error:
+            self.hook_failed("on_validation_batch_start", error)
 
-    def validation_batch_end(self, trainer: Any, batch: Any) -> None:
-        meter = self.meters["val"]
-        sanity_checking = trainer.sanity_checking
-        self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
-        if sanity_checking:
-            return
-        samples, items = self._count("val", batch)
-        meter.count(samples, items)
-        if meter.batches >= self.config.log_every_n_steps:
-            self.lap(trainer, "val")
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        try:
+            meter = self.meters["val"]
+            sanity_checking = trainer.sanity_checking
+            self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
+            if sanity_checking:
+                return
+            samples, items = self._count("val", batch)
+            meter.count(samples, items)
+            if meter.batches >= self.config.log_every_n_steps:
+                self.lap(trainer, "val")
+        except Exception as error:
+            self.hook_failed("on_validation_batch_end", error)
 
     def validation_end(self, trainer: Any) -> None:
         if trainer.sanity_checking:
@@ -143,7 +167,8 @@ class StageClock:
         self.gaps.reset()
 
     # ---- intervals ----
-    def _count(self, stage: str, batch: Any) -> tuple[int, int]:
+    def _count_all(self, stage: str, batch: Any) -> tuple[int, int]:
+        """(samples, items) of a batch, the largest any listener counted (0, 0 without a counting one)."""
         samples = items = 0
         for count in self._counters:
             counted = count(stage, batch)
@@ -201,6 +226,10 @@ class StageClock:
             return None
         ranks = self.exchange.gather(local.to_list())
         return [RankTotals.from_list(values) for values in ranks] if ranks is not None else None
+
+
+def _raise(hook: str, error: Exception) -> None:
+    raise error
 
 
 def _without_own_work(taken: list[tuple[Lap, float]], own_work_s: float) -> list[tuple[Lap, float]]:
