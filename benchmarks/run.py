@@ -663,6 +663,21 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
                 "      its end (median s): "
                 + ", ".join(f"{step} {s:.2f}" for step, s in kept["end_breakdown_s"].items() if s >= 0.005),
             ]
+        first = measured.get("callbacks_first")
+        if first:
+            lines += [
+                f"    a first run whose callbacks came {first['setup_s']:.0f} s before the Trainer: early steps "
+                f"{first['early_ms']:.3f} ms: {first['early_overhead_pct']:+.2f} %; fit() {first['fit_s']:.2f} s: "
+                f"{first['fit_extra_s']:+.2f} s",
+                "      its end (median s): "
+                + ", ".join(f"{step} {s:.2f}" for step, s in first["end_breakdown_s"].items() if s >= 0.005),
+            ]
+        beside = {kind: s for kind, s in measured.get("children_cpu_in_window_s", {}).items() if s is not None}
+        if beside:
+            lines.append(
+                f"    CPU of child processes over {window} (median s): "
+                + ", ".join(f"{kind} {s:.2f}" for kind, s in beside.items())
+            )
     script, delivered = section["script"], section["delivered"]
     lines += [
         f"  a script that fits and exits ({script['spec']}): bare {script['bare_s']:.2f} s, ours "

@@ -27,6 +27,12 @@ All of these fits run on one torch thread, which leaves the sender a core of its
 early-steps model's first runs on every core, as torch does by default (no bare-vs-bare limit: it is there to
 show stalls, whole batches lost to the sender, by the longest step and `fit()`).
 
+A first run whose script builds the callbacks before its model and data (`ours (callbacks first)`, as
+anemoi-training does) gives the sender that setup as a head start: a torch loop on the training's thread stands
+in for `SETUP_S` seconds of it. Every fit reads the CPU its child processes (the MLflow sender, or the
+importing process beside a bare fit) used over the early-steps window, from `/proc`: what ran beside the
+steps, without the noise of step times.
+
 The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`),
 and after the last repetition one profiled run is read back from MLflow: every metric of its metrics.json
 there, its status FINISHED, no spool left behind.
@@ -60,23 +66,59 @@ IMPORT_CODE = (
     "import os; from anemoi_profiler.tracking import sender; os.nice(sender.NICENESS); "
     "sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')"
 )
-KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", IMPORT_BESIDE)
-PROFILED = ("ours", "ours (kept sender)")
+CALLBACKS_FIRST = "ours (callbacks first)"
+SETUP_S = 2.0
+"""The script's own setup between the callbacks and the Trainer for `CALLBACKS_FIRST` (building a model and its
+data takes seconds in a real job)."""
+KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", IMPORT_BESIDE, CALLBACKS_FIRST)
+PROFILED = ("ours", "ours (kept sender)", CALLBACKS_FIRST)
+FIRST_RUNS = ("ours", CALLBACKS_FIRST)
 SCRIPT = Path(__file__).with_name("short_run_script.py")
 
 
 class BatchEnds(pl.Callback):
     """The time each training batch ended; a step is the time between two ends (on a GPU, after the device
-    finished it, in bare and profiled fits alike)."""
+    finished it, in bare and profiled fits alike). At the early window's two ends, the children's CPU time."""
 
     def __init__(self, sync_cuda: bool) -> None:
         self.ends: list[float] = []
         self.sync_cuda = sync_cuda
+        self.children_cpu_s: list[float | None] = []
 
     def on_train_batch_end(self, *args: Any) -> None:
         if self.sync_cuda:
             torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
+        if len(self.ends) in EARLY:  # one step of the window's 120 pays the reading (about 1 ms): not its median
+            self.children_cpu_s.append(children_cpu_s())
+
+    def children_cpu_in_window_s(self) -> float | None:
+        readings = [seconds for seconds in self.children_cpu_s if seconds is not None]
+        return readings[1] - readings[0] if len(readings) == 2 else None
+
+
+def children_cpu_s() -> float | None:
+    """CPU seconds this process's live child processes have used (Linux `/proc`); None where it cannot tell."""
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+        pids = {pid for task in tasks for pid in (task / "children").read_text().split()}
+    except OSError:
+        return None
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended a moment ago
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def stand_in_setup(seconds: float) -> None:
+    """Keep the training's thread busy with torch for `seconds`, as building a model and its data would."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        torch.randn(256, 256).matmul(torch.randn(256, 256))
 
 
 def early_step_ms(ends: list[float]) -> float:
@@ -95,13 +137,17 @@ def profiled_callbacks(work_dir: Path, store: str) -> list[Any]:
 def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str) -> dict[str, Any]:
     """One 160-step fit; for `ours`, the session's end breakdown and where its MLflow run went."""
     spec = SPECS[spec_name]
-    model, loader = make_model(spec, device), make_loader(spec, STEPS)
-    clock = BatchEnds(sync_cuda=device == "cuda")
-    if kind == "ours":
+    if kind in FIRST_RUNS:
         from anemoi_profiler.tracking import sender
 
         sender.end_kept()  # the first run of a process: its sender starts with the callbacks
-    ours = profiled_callbacks(work_dir, store) if kind in PROFILED else []
+    ours = profiled_callbacks(work_dir, store) if kind == CALLBACKS_FIRST else []
+    if ours:
+        stand_in_setup(SETUP_S)
+    model, loader = make_model(spec, device), make_loader(spec, STEPS)
+    clock = BatchEnds(sync_cuda=device == "cuda")
+    if kind in PROFILED and not ours:
+        ours = profiled_callbacks(work_dir, store)
     trainer = make_trainer(spec, device, STEPS, [*ours, clock])
     importing = subprocess.Popen([sys.executable, "-c", IMPORT_CODE]) if kind == IMPORT_BESIDE else None
     try:
@@ -118,6 +164,7 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
         "early_step_ms": early_step_ms(clock.ends),
         "longest_step_ms": max(steps) * 1000,
         "fit_s": fit_s,
+        "children_cpu_in_window_s": clock.children_cpu_in_window_s(),
     }
     if ours:
         session = ours[0].session
@@ -140,14 +187,17 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
         for kind in _rotated(repetition)
     ]
     by_kind = {kind: [row for row in rows if row["kind"] == kind] for kind in KINDS}
-    bare, ours, kept, control, importing = (by_kind[kind] for kind in KINDS)
+    bare, ours, kept, control, importing, first = (by_kind[kind] for kind in KINDS)
 
     def ratios_to_bare(rows: list[dict[str, Any]]) -> list[float]:
         return [row["early_step_ms"] / b["early_step_ms"] for row, b in zip(rows, bare, strict=True)]
 
-    ratios, kept_ratios, controls, import_ratios = (ratios_to_bare(rows) for rows in (ours, kept, control, importing))
+    ratios, kept_ratios, controls, import_ratios, first_ratios = (
+        ratios_to_bare(rows) for rows in (ours, kept, control, importing, first)
+    )
     median = {kind: statistics.median(row["fit_s"] for row in by_kind[kind]) for kind in KINDS}
     ends = [row["end_s"] for row in ours]
+    beside = {kind: [row["children_cpu_in_window_s"] for row in by_kind[kind]] for kind in KINDS}
     return {
         "early_steps": {
             "bare_ms": statistics.median(row["early_step_ms"] for row in bare),
@@ -175,6 +225,20 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
             "end_breakdown_s": {
                 step: statistics.median(row["end_s"].get(step, 0.0) for row in kept) for step in kept[0]["end_s"]
             },
+        },
+        "callbacks_first": {
+            "setup_s": SETUP_S,
+            "early_ms": statistics.median(row["early_step_ms"] for row in first),
+            "early_overhead_pct": (statistics.median(first_ratios) - 1) * 100,
+            "early_ratios": first_ratios,
+            "fit_s": median[CALLBACKS_FIRST],
+            "fit_extra_s": median[CALLBACKS_FIRST] - median["bare"],
+            "end_breakdown_s": {
+                step: statistics.median(row["end_s"].get(step, 0.0) for row in first) for step in first[0]["end_s"]
+            },
+        },
+        "children_cpu_in_window_s": {
+            kind: statistics.median(values) if None not in values else None for kind, values in beside.items()
         },
         "end_breakdown_s": {step: statistics.median(end.get(step, 0.0) for end in ends) for step in ends[0]},
         "spool_left": sum(row["spool_left"] for row in ours),

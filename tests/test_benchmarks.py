@@ -89,6 +89,10 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
     assert len(results["short_run"]["early_steps"]["import_beside_ratios"]) == results["short_run"]["repetitions"]
+    callbacks_first = results["short_run"]["early_steps_set"]["callbacks_first"]
+    assert len(callbacks_first["early_ratios"]) == results["short_run"]["repetitions"]
+    beside = results["short_run"]["early_steps_set"]["children_cpu_in_window_s"]
+    assert beside["bare"] is not None and beside["bare"] <= beside["bare beside MLflow's import"], beside
     every_core = results["short_run"]["every_core"]
     assert every_core["threads"] == os.cpu_count()
     assert len(every_core["fit_runs_s"]["ours"]) == every_core["repetitions"]
