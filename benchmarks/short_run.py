@@ -27,11 +27,11 @@ All of these fits run on one torch thread, which leaves the sender a core of its
 early-steps model's first runs on every core, as torch does by default (no bare-vs-bare limit: it is there to
 show stalls, whole batches lost to the sender, by the longest step and `fit()`).
 
-A first run whose script builds the callbacks before its model and data (`ours (callbacks first)`, as
-anemoi-training does) gives the sender that setup as a head start: a torch loop on the training's thread stands
-in for `SETUP_S` seconds of it. Every fit reads the CPU its child processes (the MLflow sender, or the
-importing process beside a bare fit) used over the early-steps window, from `/proc`: what ran beside the
-steps, without the noise of step times.
+A first run whose script builds the callbacks before its model and data (`ours (callbacks first)`;
+anemoi-training builds its model and graph after the Trainer and its callbacks) gives the sender that setup as
+a head start: a torch loop on the training's thread stands in for `SETUP_S` seconds of it. Every fit reads the
+CPU its child processes (the MLflow sender, or the importing process beside a bare fit) used over the
+early-steps window, from `/proc`: what ran beside the steps, without the noise of step times.
 
 The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`),
 and after the last repetition one profiled run is read back from MLflow: every metric of its metrics.json
