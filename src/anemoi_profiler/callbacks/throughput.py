@@ -254,7 +254,8 @@ class ThroughputCallback(StageCallback):
                 "MLflow sender, a separate process, importing MLflow and creating the run), which can read them "
                 "slower even with a core free for it (by 0.2–4 % on 2 shared cores: docs/benchmarks.md). On Linux, "
                 "where the training kept every core busy, the sender waited for idle time instead, and MLflow "
-                "got the records at the end. A longer run, more warmup_steps, or a later run of the same process (its "
+                "got the records at the end. A longer run, more warmup_steps, callbacks made before the model and "
+                "its data (the sender then starts up while they are built), or a later run of the same process (its "
                 "sender is kept) measures without it."
             )
         if is_compiled(self._pl_module) and self.flops_per_sample:
