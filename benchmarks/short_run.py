@@ -135,18 +135,20 @@ def profiled_callbacks(work_dir: Path, store: str) -> list[Any]:
 
 
 def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str) -> dict[str, Any]:
-    """One 160-step fit; for `ours`, the session's end breakdown and where its MLflow run went."""
+    """One 160-step fit; for the profiled kinds, the session's end breakdown and where its MLflow run went. The
+    callbacks are made after the model and the data, just before the Trainer, but for `CALLBACKS_FIRST`."""
     spec = SPECS[spec_name]
     if kind in FIRST_RUNS:
         from anemoi_profiler.tracking import sender
 
         sender.end_kept()  # the first run of a process: its sender starts with the callbacks
-    ours = profiled_callbacks(work_dir, store) if kind == CALLBACKS_FIRST else []
-    if ours:
+    callbacks_first = kind == CALLBACKS_FIRST
+    ours = profiled_callbacks(work_dir, store) if callbacks_first else []
+    if callbacks_first:
         stand_in_setup(SETUP_S)
     model, loader = make_model(spec, device), make_loader(spec, STEPS)
     clock = BatchEnds(sync_cuda=device == "cuda")
-    if kind in PROFILED and not ours:
+    if kind in PROFILED and not callbacks_first:
         ours = profiled_callbacks(work_dir, store)
     trainer = make_trainer(spec, device, STEPS, [*ours, clock])
     importing = subprocess.Popen([sys.executable, "-c", IMPORT_CODE]) if kind == IMPORT_BESIDE else None
