@@ -91,6 +91,8 @@ def _create_experiment(tracking_uri: str, name: str) -> None:
 
 def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32, slow_data: bool = False) -> Any:
     """Train the demo model with the profiler callbacks and an MLFlowLogger on the same tracking store."""
+    # First, as the README advises: the MLflow sender imports MLflow while the data and the logger are made.
+    callbacks = build_callbacks(config, length_fn=tokens_in_batch)
     torch.manual_seed(0)
     train = DataLoader(SyntheticSequences(max_steps * batch_size, delay_s=0.004 if slow_data else 0.0), batch_size)
     val = DataLoader(SyntheticSequences(8 * batch_size), batch_size)
@@ -110,7 +112,7 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
         )
     trainer = pl.Trainer(
         max_steps=max_steps,
-        callbacks=build_callbacks(config, length_fn=tokens_in_batch),
+        callbacks=callbacks,
         logger=logger,
         accelerator="auto",
         devices=1,

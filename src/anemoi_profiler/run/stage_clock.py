@@ -67,7 +67,7 @@ class StageClock:
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
         self._count = self._count_all
-        self._train = self.meters["train"]
+        self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self.gaps = BatchGaps(own_work)
         self.hook_failed: Callable[[str, Exception], None] = _raise
