@@ -33,7 +33,8 @@ a head start: a torch loop on the training's thread stands in for `SETUP_S` seco
 CPU its child processes (the MLflow sender, or the importing process beside a bare fit) used over the
 early-steps window, from `/proc`: what ran beside the steps, without the noise of step times.
 
-The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`),
+The profiled runs' end is broken down by the session's own record of its end (`ProfilerSession.end_seconds`;
+of closing the sink, the part that waited for the sender's start-up: `TrackingSink.end_waited_for_startup_s`),
 and after the last repetition one profiled run is read back from MLflow: every metric of its metrics.json
 there, its status FINISHED, no spool left behind.
 """
@@ -170,7 +171,11 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
     }
     if ours:
         session = ours[0].session
-        row["end_s"] = dict(session.end_seconds)
+        row["end_s"] = {}
+        for step, seconds in session.end_seconds.items():
+            row["end_s"][step] = seconds
+            if step == "close the MLflow sink":  # the part of it that waited for the sender to be ready
+                row["end_s"]["of which the sender's start-up"] = session.sink.end_waited_for_startup_s
         row["run_dir"] = str(session.run_dir)
         row["run_id"] = session.sink.run_id if session.sink is not None else None
         row["spool_left"] = bool(session.run_dir and (session.run_dir / "spool").exists())

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
+from anemoi_profiler.run.session import STARTUP_WAIT_WORTH_SAYING_S
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.sender import NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -70,11 +71,22 @@ def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_t
     assert kept is not None and kept[0] is prestarted[0] and kept[0].poll() is None  # kept for the next run
 
 
-def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path) -> None:
+def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     sender.end_kept()
     train, _ = loaders(n_train=64)
     first = profiled(tmp_path / "a", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
     trainer(first, max_steps=4).fit(TinyRegressor(), train)
+    # four tiny steps end before the new sender has imported MLflow (about a second here): the end waits for it,
+    # and from half a second says so
+    waited = first[0].session.sink.end_waited_for_startup_s
+    assert 0 < waited <= first[0].session.end_seconds["close the MLflow sink"]
+    said = [line for line in capsys.readouterr().out.splitlines() if "for the MLflow sender's start-up" in line]
+    line = (
+        f"anemoi-profiler: the end waited {waited:.1f} s for the MLflow sender's start-up (a child process importing "
+        "MLflow and reaching the store); callbacks made before the model and its data give it that time while "
+        "they are built"
+    )
+    assert said == ([line] if waited >= STARTUP_WAIT_WORTH_SAYING_S else [])
     kept = sender._waiting
     assert kept is not None and kept[0].poll() is None
     # The next run (another store) starts with nothing to import.
@@ -86,6 +98,7 @@ def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path) -> No
     assert again is not None and again[0] is kept[0]  # it served the run and is kept again
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    assert session.sink.end_waited_for_startup_s < waited  # MLflow was imported: only the new store to reach
     sender.end_kept()
     assert kept[0].poll() == 0 and sender._waiting is None
 

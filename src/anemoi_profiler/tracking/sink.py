@@ -89,6 +89,9 @@ class TrackingSink:
         self.started_up_at: float | None = None
         """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
         the start-up work that runs beside the training's first steps."""
+        self.end_waited_for_startup_s = 0.0
+        """Seconds `close` waited for that first answer: what a run that ends before its sender is ready (MLflow
+        still being imported, the store being reached) adds to its end."""
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -151,12 +154,15 @@ class TrackingSink:
         if self._closed:
             return not pending_batches(self.spool_dir)
         self._closed = True
+        closing_at = time.perf_counter()
         if status and self.owns_run:
             self._queue.put(Terminate(status))
         self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        if self.started_up_at is not None:
+            self.end_waited_for_startup_s = max(0.0, self.started_up_at - closing_at)
         if self._thread.is_alive():
             # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
             self._target.stop(grace_s=0.0)
