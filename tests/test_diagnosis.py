@@ -218,6 +218,27 @@ def test_slow_rank_is_per_optimizer_step_under_gradient_accumulation() -> None:
     assert verdict.severity == "medium"
 
 
+def test_slow_rank_is_not_told_apart_from_the_profilers_start_up_when_most_steps_ran_beside_it() -> None:
+    """A balanced 2-rank CPU job of 20 steps once read 12 %: its whole training ran beside rank 0's MLflow sender
+    importing MLflow on the cores the ranks kept busy."""
+    summary = {"train/step_ms": 8.6, "train/straggler_ms": 1.0, "train/slowest_rank": 0}
+
+    def beside(overlap_s: float, measured_s: float) -> dict[str, Any]:
+        return {"Throughput": {"data": {"train/startup_overlap_s": overlap_s, "train/measured_s": measured_s}}}
+
+    outcome = slow_rank(run_with(summary, TWO_HOSTS, sections=beside(0.17, 0.17)))
+    assert outcome == NotAssessed(
+        "the other ranks waited 12% of a step for rank 0 on node-a, but 100% of the measured training ran beside "
+        "the profiler's own start-up (its MLflow sender importing MLflow), which slows whichever rank shares a core "
+        "with it as much; a run longer than that start-up tells"
+    )
+    # a start-up that covered a few of many intervals leaves the typical one alone
+    assert isinstance(slow_rank(run_with(summary, TWO_HOSTS, sections=beside(1.0, 60.0))), Verdict)
+    # a rank the others wait for a third of each step is slow whatever ran beside it
+    lead = {**summary, "train/straggler_ms": 3.0}
+    assert isinstance(slow_rank(run_with(lead, TWO_HOSTS, sections=beside(0.17, 0.17))), Verdict)
+
+
 def test_slow_rank_stays_quiet_for_balanced_ranks_and_says_why_it_could_not_look() -> None:
     assert slow_rank(run_with({"train/step_ms": 100.0, "train/straggler_ms": 4.0, "train/slowest_rank": 1})) is None
     assert slow_rank(run_with({"train/step_ms": 100.0})) == NotAssessed("one rank")

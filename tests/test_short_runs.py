@@ -217,6 +217,7 @@ def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: P
     throughput = report_data(callbacks, "Throughput")
     # ten tiny steps take milliseconds; importing MLflow in the sender takes most of a second
     assert throughput["train/startup_overlap_s"] > 0
+    assert throughput["train/measured_s"] >= throughput["train/startup_overlap_s"]  # what the diagnosis weighs
     run_dir = callbacks[0].session.run_dir
     assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -247,6 +247,7 @@ class ThroughputCallback(StageCallback):
         overlap_s, measured_s = self._startup_overlap_s()
         if overlap_s:
             values["train/startup_overlap_s"] = (overlap_s, "s")
+            values["train/measured_s"] = (measured_s, "s")
             summary["summary/train/startup_overlap_s"] = overlap_s
             share = "All" if overlap_s >= measured_s else f"The first {overlap_s:.2g} s"
             notes.append(

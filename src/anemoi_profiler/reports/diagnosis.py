@@ -48,6 +48,9 @@ one rank holds the others back."""
 STRAGGLER_SHARE_HIGH = 0.30
 DATA_EXPLAINS_STRAGGLER = 0.5
 """Share of the straggler's lead that its own extra data wait must cover to be named as the cause."""
+STARTUP_COVERS_TYPICAL = 0.5
+"""Share of the measured training that ran beside the profiler's own start-up from which the typical (median)
+log interval did too: a wait below `STRAGGLER_SHARE_HIGH` is then not told apart from that start-up's cost."""
 CALLBACKS_SHARE = 0.15
 """Share of training step time in other callbacks' batch hooks between the steps above which they slow it."""
 CALLBACKS_SHARE_HIGH = 0.40
@@ -245,6 +248,13 @@ def slow_rank(run: RunData) -> Outcome:
         else "; its data loading does not explain it"
     )
     per_step = "optimizer step" if accumulate > 1 else "step"
+    beside_startup = _share_beside_startup(run)
+    if share < STRAGGLER_SHARE_HIGH and beside_startup >= STARTUP_COVERS_TYPICAL:
+        return NotAssessed(
+            f"the other ranks waited {share:.0%} of a {per_step} for {which}, but {beside_startup:.0%} of the measured "
+            "training ran beside the profiler's own start-up (its MLflow sender importing MLflow), which slows "
+            "whichever rank shares a core with it as much; a run longer than that start-up tells"
+        )
     return Verdict(
         "slow-rank",
         "slow rank",
@@ -259,6 +269,16 @@ def slow_rank(run: RunData) -> Outcome:
             "jobs on the node; even out per-rank work (sequence lengths, padding)."
         ),
     )
+
+
+def _share_beside_startup(run: RunData) -> float:
+    """The share of the measured training that ran beside the profiler's own start-up (the Throughput section's
+    `train/startup_overlap_s` of `train/measured_s`); 0 when none did."""
+    data = (run.sections.get("Throughput") or {}).get("data") or {}
+    overlap_s, measured_s = data.get("train/startup_overlap_s"), data.get("train/measured_s")
+    if not isinstance(overlap_s, int | float) or not isinstance(measured_s, int | float) or measured_s <= 0:
+        return 0.0
+    return min(1.0, overlap_s / measured_s)
 
 
 def memory_use(run: RunData) -> Outcome:
