@@ -252,8 +252,8 @@ def slow_rank(run: RunData) -> Outcome:
     if share < STRAGGLER_SHARE_HIGH and beside_startup >= STARTUP_COVERS_TYPICAL:
         return NotAssessed(
             f"the other ranks waited {share:.0%} of a {per_step} for {which}, but {beside_startup:.0%} of the measured "
-            "training ran beside the profiler's own start-up (its MLflow sender importing MLflow), which slows "
-            "whichever rank shares a core with it as much; a run longer than that start-up tells"
+            "training ran beside the profiler's own start-up (its MLflow sender importing MLflow), which can cost a "
+            "rank that much on busy cores: measure more steps, or build the callbacks before the model"
         )
     return Verdict(
         "slow-rank",
