@@ -64,8 +64,7 @@ IMPORT_BESIDE = "bare beside MLflow's import"
 """A bare fit while another process imports what the MLflow sender imports at its start, as it does (same
 modules, same priority), and nothing else: what that import alone costs the steps it overlaps."""
 IMPORT_CODE = (
-    "import os; from anemoi_profiler.tracking import sender; os.nice(sender.NICENESS); "
-    "sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')"
+    "from anemoi_profiler.tracking import sender; sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')"
 )
 CALLBACKS_FIRST = "ours (callbacks first)"
 SETUP_S = 2.0
@@ -115,6 +114,13 @@ def children_cpu_s() -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def start_import_beside() -> subprocess.Popen[bytes]:
+    """The sender's start-up import alone, in a process at the sender's priority from its start, as it is."""
+    from anemoi_profiler.tracking.sender import NICENESS
+
+    return subprocess.Popen(["nice", "-n", str(NICENESS), sys.executable, "-c", IMPORT_CODE])
+
+
 def stand_in_setup(seconds: float) -> None:
     """Keep the training's thread busy with torch for `seconds`, as building a model and its data would."""
     until = time.perf_counter() + seconds
@@ -152,7 +158,7 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
     if kind in PROFILED and not callbacks_first:
         ours = profiled_callbacks(work_dir, store)
     trainer = make_trainer(spec, device, STEPS, [*ours, clock])
-    importing = subprocess.Popen([sys.executable, "-c", IMPORT_CODE]) if kind == IMPORT_BESIDE else None
+    importing = start_import_beside() if kind == IMPORT_BESIDE else None
     try:
         with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
             started = time.perf_counter()
