@@ -224,7 +224,8 @@ def store_module_for(tracking_uri: str) -> str | None:
 def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) -> tuple[subprocess.Popen[str], IO[str]]:
     """Start a sender; on Linux from a thread of its own at the sender's priority, so that the child runs at that
     priority from its first instruction: niced by itself, it spent its interpreter's start and its first imports
-    (about 70 ms of CPU) at the training's priority, beside the first batches of a fit."""
+    (70-100 ms of CPU) at the training's priority, and beside a fit on every core that stalled one of the first
+    batches by 25-80 ms in some fits (docs/benchmarks.md, run 23)."""
     if not NICE_PER_THREAD:
         return _spawn_here(store_module, idle_exit_s)
     spawned: list[tuple[subprocess.Popen[str], IO[str]]] = []
