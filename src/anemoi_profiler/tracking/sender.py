@@ -37,7 +37,7 @@ from .spool import read_run_info, replay_spool
 log = logging.getLogger(__name__)
 
 NICENESS = 10
-"""How much lower than the training's the sender's CPU priority is (see `serve`)."""
+"""How much lower than the training's the sender's CPU priority is (see `_spawn` and `serve`)."""
 NICE_PER_THREAD = sys.platform.startswith("linux")
 """Linux keeps a nice level per thread, and a child starts with its spawning thread's (see `_spawn`)."""
 IDLE_EXIT_S = 600.0
@@ -225,9 +225,11 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
     """Start a sender; on Linux from a thread of its own at the sender's priority, so that the child runs at that
     priority from its first instruction: niced by itself, it spent its interpreter's start and its first imports
     (70-100 ms of CPU) at the training's priority, and beside a fit on every core that stalled one of the first
-    batches by 25-80 ms in some fits (docs/benchmarks.md, run 23)."""
+    batches by 35-80 ms in some fits (docs/benchmarks.md, run 23)."""
     if not NICE_PER_THREAD:
         return _spawn_here(store_module, idle_exit_s)
+    # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after
+    # concurrent.futures has stopped taking work.
     spawned: list[tuple[subprocess.Popen[str], IO[str]]] = []
     failed: list[BaseException] = []
 
