@@ -681,7 +681,10 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
     script, delivered = section["script"], section["delivered"]
     lines += [
         f"  a script that fits and exits ({script['spec']}): bare {script['bare_s']:.2f} s, ours "
-        f"{script['ours_s']:.2f} s: {script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s)",
+        f"{script['ours_s']:.2f} s: {script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s); its fit() "
+        f"{script['fit_extra_s']:+.2f} s",
+        "    the same, the MLflow client started first thing (prestart_tracking): "
+        f"{script['prestarted_extra_s']:+.2f} s; its fit() {script['prestarted_fit_extra_s']:+.2f} s",
         f"  MLflow after the last profiled fit: {delivered['status']}, "
         f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
         f"spools left behind: {section['end_set']['spool_left']}",

@@ -17,6 +17,8 @@ measured beside them:
 - `fit()`: its wall time, the callbacks built just before the Trainer (after the model and the data, so
   the sender's start has the least head start a script can give it).
 - a script that fits and exits: a fresh interpreter's wall time, imports included, from start to exit.
+  Beside it, a script that starts the profiler's MLflow client first thing (`anemoi_profiler.prestart_tracking()`
+  before it imports torch: `ours (sender started first)`), and each script's own `fit()`.
 
 Each in-process figure is taken on two models: a 5 ms step, where the hooks' steady cost per batch (tens of
 microseconds: Lightning dispatching two hooks and our bodies, see the always-on section) is well under 1 %,
@@ -67,6 +69,9 @@ IMPORT_CODE = (
     "from anemoi_profiler.tracking import sender; sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')"
 )
 CALLBACKS_FIRST = "ours (callbacks first)"
+PRESTARTED = "ours (sender started first)"
+"""A script that calls `anemoi_profiler.prestart_tracking()` before it imports torch (the README's advice for
+short runs); its callbacks are made just before the Trainer, as in `ours`."""
 SETUP_S = 2.0
 """The script's own setup between the callbacks and the Trainer for `CALLBACKS_FIRST` (building a model and its
 data takes seconds in a real job)."""
@@ -260,26 +265,33 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
 
 
 def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
-    kinds = ("bare", "ours", "bare (control)")  # each script is a process of its own: its first run
+    kinds = ("bare", "ours", PRESTARTED, "bare (control)")  # each script is a process of its own: its first run
     walls: dict[str, list[float]] = {kind: [] for kind in kinds}
+    fits: dict[str, list[float]] = {kind: [] for kind in kinds}
     for repetition in range(repetitions):
         for kind in _rotated(repetition, kinds):
             command = [sys.executable, str(SCRIPT), "--spec", spec, "--device", device, "--steps", str(STEPS)]
             command += ["--work-dir", str(work_dir)]
-            if kind == "ours":
-                command += ["--profiled", "--store", store]
+            if kind in ("ours", PRESTARTED):
+                command += ["--profiled", "--store", store, *(["--prestart"] if kind == PRESTARTED else [])]
             started = time.perf_counter()
             completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
             walls[kind].append(time.perf_counter() - started)
             if completed.returncode != 0:
                 raise RuntimeError(f"{kind} script exited {completed.returncode}: {completed.stderr[-2000:]}")
+            fits[kind].append(json.loads(completed.stdout.strip().splitlines()[-1])["fit_s"])
     median = {kind: statistics.median(values) for kind, values in walls.items()}
+    fit_median = {kind: statistics.median(values) for kind, values in fits.items()}
     return {
         "bare_s": median["bare"],
         "ours_s": median["ours"],
         "extra_s": median["ours"] - median["bare"],
         "control_s": median["bare (control)"] - median["bare"],
+        "prestarted_extra_s": median[PRESTARTED] - median["bare"],
+        "fit_extra_s": fit_median["ours"] - fit_median["bare"],
+        "prestarted_fit_extra_s": fit_median[PRESTARTED] - fit_median["bare"],
         "runs_s": walls,
+        "fit_runs_s": fits,
     }
 
 

@@ -1,9 +1,11 @@
 """A script that fits a short run and exits, as a user's would: `short_run` times it from start to exit.
 
     python benchmarks/short_run_script.py --spec cpu --device cpu --steps 160 --work-dir DIR [--profiled --store URI]
+        [--prestart]
 
 Bare, it imports torch and Lightning and fits; `--profiled` adds the default callbacks, built just before the
-Trainer. It prints the fit's wall time as JSON.
+Trainer; `--prestart` starts the profiler's MLflow client first thing, before torch is imported
+(`anemoi_profiler.prestart_tracking`, as the README shows). It prints the fit's wall time as JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+if "--prestart" in sys.argv:  # first thing, as a user's script would
+    import anemoi_profiler
+
+    anemoi_profiler.prestart_tracking(sys.argv[sys.argv.index("--store") + 1])
 
 import torch
 from models import SPECS, make_loader, make_model, make_trainer, quiet_lightning
@@ -30,6 +36,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--profiled", action="store_true")
     parser.add_argument("--store", help="the profiled run's tracking URI")
+    parser.add_argument("--prestart", action="store_true", help="start the MLflow client before importing torch")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # as the harness's fits

@@ -21,10 +21,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+import anemoi_profiler
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
 from anemoi_profiler.run.session import STARTUP_WAIT_WORTH_SAYING_S
-from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender
 from anemoi_profiler.tracking.sender import NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -96,8 +97,8 @@ def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path, capsy
     said = [line for line in capsys.readouterr().out.splitlines() if "for the MLflow sender's start-up" in line]
     line = (
         f"anemoi-profiler: the end waited {waited:.1f} s for the MLflow sender's start-up (a child process importing "
-        "MLflow and reaching the store); callbacks made before the model and its data give it that time while "
-        "they are built"
+        "MLflow and reaching the store); anemoi_profiler.prestart_tracking() at the top of the script, or callbacks "
+        "made before the model and its data, give it that time"
     )
     assert said == ([line] if waited >= STARTUP_WAIT_WORTH_SAYING_S else [])
     kept = sender._waiting
@@ -134,21 +135,63 @@ def test_a_waiting_sender_ends_after_its_idle_time(tmp_path: Path) -> None:
         replies.close()
 
 
-def test_a_sender_nobody_takes_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+def test_a_sender_started_first_thing_in_a_script_imports_nothing_there_and_ends_with_it(tmp_path: Path) -> None:
     script = (
-        "import sys\n"
+        "import json, sys\n"
+        "import anemoi_profiler\n"
+        f"anemoi_profiler.prestart_tracking('sqlite:///{tmp_path}/mlflow.db')\n"
         "from anemoi_profiler.tracking import sender\n"
-        f"sender.prestart('sqlite:///{tmp_path}/mlflow.db')\n"
-        "print(sender._waiting[0].pid, flush=True)\n"
+        "heavy = [name for name in ('torch', 'lightning', 'mlflow', 'omegaconf') if name in sys.modules]\n"
+        "print(json.dumps({'pid': sender._waiting[0].pid, 'heavy': heavy}), flush=True)\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
-    pid = int(completed.stdout.split()[0])
+    started = json.loads(completed.stdout)
+    assert started["heavy"] == []  # MLflow is the child's to import; torch and Lightning the script's
     deadline = time.monotonic() + 30
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while psutil.pid_exists(started["pid"]) and psutil.Process(started["pid"]).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the prestarted sender outlived its parent"
         time.sleep(0.05)
     assert not (tmp_path / "mlflow.db").exists()  # it only imported MLflow: no store made for nothing
+
+
+def test_the_first_run_takes_the_sender_the_script_started(tmp_path: Path) -> None:
+    sender.end_kept()
+    anemoi_profiler.prestart_tracking(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    started = sender._waiting
+    assert started is not None and started[0].poll() is None
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    assert sender._waiting is started  # building the callbacks started no other sender
+    train, _ = loaders(n_train=64)
+    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    session = callbacks[0].session
+    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
+    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    kept = sender._waiting
+    assert kept is not None and kept[0] is started[0]  # it served the run, and is kept for the next
+
+
+@pytest.mark.parametrize(
+    ("launcher", "starts"),
+    [
+        ({}, True),
+        ({"LOCAL_RANK": "1"}, False),  # torchrun, Lightning's own launcher
+        ({"SLURM_LOCALID": "2"}, False),  # srun, before Lightning sets anything
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, False),
+        ({"LOCAL_RANK": "0", "SLURM_LOCALID": "3"}, True),  # torchrun inside one srun task: torchrun's counts
+    ],
+)
+def test_only_each_nodes_first_process_starts_a_sender(
+    monkeypatch: pytest.MonkeyPatch, launcher: dict[str, str], starts: bool
+) -> None:
+    for name in LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    sender.end_kept()
+    anemoi_profiler.prestart_tracking("http://127.0.0.1:1")
+    assert (sender._waiting is not None) == starts
+    sender.end_kept()
 
 
 def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ _EXPORTS = {
     "SystemMetricsCallback": "callbacks",
     "ThroughputCallback": "callbacks",
     "TorchProfilerCallback": "callbacks",
+    "prestart_tracking": "tracking",
     "profile_component": "component",
 }
 

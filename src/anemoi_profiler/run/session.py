@@ -8,7 +8,6 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from ..config import ProfilerConfig
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import diagnosis_section
-from ..tracking.sender import prestart as prestart_sender
+from ..tracking import prestart_tracking
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
@@ -62,9 +61,8 @@ class ProfilerSession:
         self.own_work = OwnWorkClock()
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
-        if self.config.tracking.enabled and os.environ.get("LOCAL_RANK", "0") == "0":
-            # The ranks that may log to MLflow: its client starts while the fit sets up (a logger may name another URI).
-            prestart_sender(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
+        if self.config.tracking.enabled:  # MLflow's client starts while the fit sets up (a logger may name another URI)
+            prestart_tracking(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
 
     def startup_work_until(self) -> float | None:
         """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow
@@ -342,8 +340,8 @@ def say_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
     if sink is not None and sink.end_waited_for_startup_s >= STARTUP_WAIT_WORTH_SAYING_S:
         print(
             f"anemoi-profiler: the end waited {sink.end_waited_for_startup_s:.1f} s for the MLflow sender's start-up "
-            "(a child process importing MLflow and reaching the store); callbacks made before the model and its "
-            "data give it that time while they are built",
+            "(a child process importing MLflow and reaching the store); anemoi_profiler.prestart_tracking() at the "
+            "top of the script, or callbacks made before the model and its data, give it that time",
             flush=True,
         )
 
