@@ -629,6 +629,22 @@ def render_detailed(section: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _fresh_script_lines(fresh: dict[str, Any] | None) -> list[str]:
+    """A fresh script's early steps against a bare script's, the sender started with the callbacks or first thing."""
+    if not fresh:
+        return []
+
+    def pct(kind: str) -> str:
+        value = fresh["early_pct"].get(kind)
+        return "n/a" if value is None else f"{value:+.2f} %"
+
+    scripts = len(fresh["runs_s"]["bare"])
+    return [
+        f"  a fresh script's early steps ({fresh['spec']}, {scripts} scripts each): ours {pct('ours')}, the MLflow "
+        f"client started first thing {pct('ours (sender started first)')} (bare vs bare {pct('bare (control)')})",
+    ]
+
+
 def render_short_run(section: dict[str, Any] | None) -> list[str]:
     if not section or "early_steps" not in section:
         return note_lines("Short run", section)
@@ -685,6 +701,7 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
         f"{script['fit_extra_s']:+.2f} s",
         "    the same, the MLflow client started first thing (prestart_tracking): "
         f"{script['prestarted_extra_s']:+.2f} s; its fit() {script['prestarted_fit_extra_s']:+.2f} s",
+        *_fresh_script_lines(section.get("fresh_script_early")),
         f"  MLflow after the last profiled fit: {delivered['status']}, "
         f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
         f"spools left behind: {section['end_set']['spool_left']}",

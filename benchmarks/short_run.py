@@ -18,7 +18,8 @@ measured beside them:
   the sender's start has the least head start a script can give it).
 - a script that fits and exits: a fresh interpreter's wall time, imports included, from start to exit.
   Beside it, a script that starts the profiler's MLflow client first thing (`anemoi_profiler.prestart_tracking()`
-  before it imports torch: `ours (sender started first)`), and each script's own `fit()`.
+  before it imports torch: `ours (sender started first)`), and each script's own `fit()`. The same four
+  scripts on the early-steps model (`FRESH_SCRIPT_REPETITIONS` each) give a fresh script's early steps.
 
 Each in-process figure is taken on two models: a 5 ms step, where the hooks' steady cost per batch (tens of
 microseconds: Lightning dispatching two hooks and our bodies, see the always-on section) is well under 1 %,
@@ -79,6 +80,9 @@ KINDS = ("bare", "ours", "ours (kept sender)", "bare (control)", IMPORT_BESIDE, 
 PROFILED = ("ours", "ours (kept sender)", CALLBACKS_FIRST)
 FIRST_RUNS = ("ours", CALLBACKS_FIRST)
 SCRIPT = Path(__file__).with_name("short_run_script.py")
+FRESH_SCRIPT_REPETITIONS = 9
+"""Scripts of each kind on the early-steps model (the fewest the early-steps rule allows): a fresh interpreter's
+first run, where the sender's whole start-up runs beside the steps."""
 
 
 class BatchEnds(pl.Callback):
@@ -268,6 +272,7 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
     kinds = ("bare", "ours", PRESTARTED, "bare (control)")  # each script is a process of its own: its first run
     walls: dict[str, list[float]] = {kind: [] for kind in kinds}
     fits: dict[str, list[float]] = {kind: [] for kind in kinds}
+    early: dict[str, list[float | None]] = {kind: [] for kind in kinds}
     for repetition in range(repetitions):
         for kind in _rotated(repetition, kinds):
             command = [sys.executable, str(SCRIPT), "--spec", spec, "--device", device, "--steps", str(STEPS)]
@@ -279,7 +284,15 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
             walls[kind].append(time.perf_counter() - started)
             if completed.returncode != 0:
                 raise RuntimeError(f"{kind} script exited {completed.returncode}: {completed.stderr[-2000:]}")
-            fits[kind].append(json.loads(completed.stdout.strip().splitlines()[-1])["fit_s"])
+            printed = json.loads(completed.stdout.strip().splitlines()[-1])
+            fits[kind].append(printed["fit_s"])
+            early[kind].append(printed["early_step_ms"])
+
+    def early_pct(kind: str) -> float | None:
+        """The median over repetitions of the early steps' ratio to the same repetition's bare script."""
+        pairs = [(ms, bare) for ms, bare in zip(early[kind], early["bare"], strict=True) if ms and bare]
+        return (statistics.median(ms / bare for ms, bare in pairs) - 1) * 100 if pairs else None
+
     median = {kind: statistics.median(values) for kind, values in walls.items()}
     fit_median = {kind: statistics.median(values) for kind, values in fits.items()}
     return {
@@ -290,8 +303,10 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
         "prestarted_extra_s": median[PRESTARTED] - median["bare"],
         "fit_extra_s": fit_median["ours"] - fit_median["bare"],
         "prestarted_fit_extra_s": fit_median[PRESTARTED] - fit_median["bare"],
+        "early_pct": {kind: early_pct(kind) for kind in kinds if kind != "bare"},
         "runs_s": walls,
         "fit_runs_s": fits,
+        "early_step_ms": early,
     }
 
 
@@ -399,6 +414,10 @@ def short_run(
         "script": {
             "spec": SPECS[end_spec].describe(),
             **_script_set(end_spec, device, script_repetitions, folder, store),
+        },
+        "fresh_script_early": {
+            "spec": SPECS[early_spec].describe(),
+            **_script_set(early_spec, device, min(repetitions, FRESH_SCRIPT_REPETITIONS), folder, store),
         },
         "every_core": _every_core_set(early_spec, device, max(1, repetitions // 3), folder, store),
     }

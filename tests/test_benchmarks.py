@@ -90,6 +90,8 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
     script = results["short_run"]["script"]
     assert len(script["fit_runs_s"]["ours (sender started first)"]) == len(script["runs_s"]["bare"]) > 0
+    fresh = results["short_run"]["fresh_script_early"]
+    assert set(fresh["early_pct"]) == {"ours", "ours (sender started first)", "bare (control)"}
     assert len(results["short_run"]["early_steps"]["import_beside_ratios"]) == results["short_run"]["repetitions"]
     callbacks_first = results["short_run"]["early_steps_set"]["callbacks_first"]
     assert len(callbacks_first["early_ratios"]) == results["short_run"]["repetitions"]
