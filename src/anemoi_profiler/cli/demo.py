@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError
-from ..tracking import prestart_tracking, resolve_tracking_uri
+from ..tracking import prestart_tracking
 from . import config as config_command
 
 NAME = "demo"
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps < 1:
         raise ConfigError(f"--max-steps: got {args.max_steps}, expected an integer >= 1")
     if config.tracking.enabled:  # MLflow's client starts up while torch and Lightning are imported
-        prestart_tracking(resolve_tracking_uri(config.tracking.uri, None, config.output_dir))
+        prestart_tracking(config.tracking.uri)
     from ..demo import run_demo  # torch and Lightning only now
 
     run_demo(config, max_steps=args.max_steps, slow_data=args.slow_data)

@@ -62,7 +62,7 @@ class ProfilerSession:
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         if self.config.tracking.enabled:  # MLflow's client starts while the fit sets up (a logger may name another URI)
-            prestart_tracking(resolve_tracking_uri(self.config.tracking.uri, None, self.config.output_dir))
+            prestart_tracking(self.config.tracking.uri)
 
     def startup_work_until(self) -> float | None:
         """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow

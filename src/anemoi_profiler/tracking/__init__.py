@@ -37,7 +37,7 @@ def prestart_tracking(tracking_uri: str | None = None) -> None:
         return
     from .sender import prestart
 
-    prestart(resolve_tracking_uri(tracking_uri, None, "."))
+    prestart(resolve_tracking_uri(tracking_uri, None, "."))  # only its scheme counts: no output_dir needed
 
 
 def _local_rank() -> int:
