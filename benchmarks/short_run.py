@@ -21,11 +21,11 @@ measured beside them:
   before it imports torch: `ours (sender started first)`), and each script's own `fit()`. The same four
   scripts on the early-steps model (`FRESH_SCRIPT_REPETITIONS` each) give a fresh script's early steps.
 
-Each in-process figure is taken on two models: a "5 ms" step (4-5 ms on the VMs measured), where the hooks'
-steady cost per batch (tens of microseconds: Lightning dispatching two hooks and our bodies, see the always-on
-section) is a fraction of 1 %, so that the early-steps figure shows what the start-up adds; and a 1 ms step,
-whose 0.2 s fit ends long before the MLflow sender is ready, the hardest case for the end. The script uses
-the 1 ms step.
+Each in-process figure is taken on two models: a "5 ms" step (4-9 ms on the VMs measured, 18-22 ms on one
+four times slower), where the hooks' steady cost per batch (tens of microseconds: Lightning dispatching two
+hooks and our bodies, see the always-on section) is a fraction of 1 %, so that the early-steps figure shows
+what the start-up adds; and a 1 ms step, whose 0.2 s fit ends long before the MLflow sender is ready, the
+hardest case for the end. The script uses the 1 ms step.
 
 All of these fits run on one torch thread, which leaves the sender a core of its own. A last set runs the
 early-steps model's first runs on every core, as torch does by default (no bare-vs-bare limit: it is there to
