@@ -69,6 +69,7 @@ class StageClock:
         self._count = self._count_all
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
+        self._epoch_starting = False
         self.gaps = BatchGaps(own_work)
         self.hook_failed: Callable[[str, Exception], None] = _raise
         """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
@@ -88,6 +89,13 @@ class StageClock:
         if self.config.throughput.warmup_steps == 0:
             self.meters["train"].start()
 
+    def train_epoch_start(self) -> None:
+        """An epoch starts: until its first batch (DataLoader workers starting again, a dataset opening again),
+        training time pauses; the pause is the epoch start's own figure, not a step's."""
+        if self._train.running:
+            self._train.pause()
+            self._epoch_starting = True
+
     # The four batch hooks are Lightning's own, put on the driving callback's instance (see `StageCallback`):
     # Lightning calls them directly, between torch's operators, where each Python call costs microseconds.
     # An error goes to `hook_failed`, which stops the driving; training goes on.
@@ -96,6 +104,10 @@ class StageClock:
             if self.train_batches_seen == 0:
                 for listener in self.listeners:
                     listener.first_train_batch(batch, ended=False)
+            if self._epoch_starting:
+                self._epoch_starting = False
+                self._train.resume()
+                self.gaps.reset()  # the epoch start's fetches are no batch's
             self.gaps.batch_started()
         except Exception as error:
             self.hook_failed("on_train_batch_start", error)
