@@ -276,7 +276,8 @@ class ThroughputCallback(StageCallback):
         """The time from each measured epoch's start to its first batch, which the steady rates leave out: its
         seconds, its share of the training time, and the rates with it (what a clock around whole epochs reads).
 
-        With several ranks, the rank with the longest: the others wait for it at the epoch's first step."""
+        With several ranks, the longest rank's, which the clock made every rank's (the others wait for it in the
+        epoch's first step, see `StageClock.lap`)."""
         ranks = [rank for rank in ranks if rank.elapsed_s > 0]
         if not any(rank.epoch_starts for rank in ranks):
             return None
@@ -300,7 +301,7 @@ class ThroughputCallback(StageCallback):
         if workers is not None:
             values["train/dataloader_workers"] = (workers[0], "")
             values["train/persistent_workers"] = (workers[1], "")
-        longest = " (the rank with the longest)" if len(ranks) > 1 else ""
+        longest = " (the rank with the longest: the others wait for it)" if len(ranks) > 1 else ""
         return (
             f"Epoch starts are not in the steady rates and step times: from each epoch's start (on_train_epoch_start) "
             f"to its first batch, the DataLoader's workers start again unless persistent_workers=True, and reopen "

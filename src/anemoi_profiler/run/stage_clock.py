@@ -206,14 +206,16 @@ class StageClock:
                 setattr(local, name, value)
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = self._gather(local)
-        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time.
+        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
+        # the longest epoch start (the others wait for it in the epoch's first step): every rank's epoch start.
         own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
-        laps = _without_own_work(taken, own_work_s)
-        local.elapsed_s -= own_work_s
+        epoch_start_s = max(rank.epoch_start_s for rank in ranks) if ranks else local.epoch_start_s
+        laps = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
+        for totals in (local, *(ranks or ())):
+            totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
+            totals.epoch_start_s = epoch_start_s
         self.totals[stage].add(local)
         if ranks:
-            for rank in ranks:
-                rank.elapsed_s -= own_work_s
             sums = self.exchanged[stage] or [RankTotals() for _ in ranks]
             for rank_sums, rank in zip(sums, ranks, strict=True):
                 rank_sums.add(rank)
@@ -247,8 +249,8 @@ def _raise(hook: str, error: Exception) -> None:
 def _without_own_work(taken: list[tuple[Lap, float]], own_work_s: float) -> list[tuple[Lap, float]]:
     """Each lap's seconds less its share of `own_work_s`, dropping laps that took no measurable time.
 
-    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work added
-    (all ranks wait for the slowest) is spread over the laps by their length.
+    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work and longer
+    epoch starts added (all ranks wait for the slowest) is spread over the laps by their length.
     """
     own = sum(lap.own_work_s for lap, _ in taken)
     measured = sum(seconds for _, seconds in taken)
