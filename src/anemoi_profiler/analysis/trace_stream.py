@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import IO
 
 from ..profiling.window_events import WindowEvents, WindowEventsBuilder
+from .preflight import rank_in_head
 
 _CHUNK_CHARS = 1 << 20
-_HEAD_CHARS = 1 << 16
 _EVENTS_KEY = '"traceEvents"'
-_RANK_IN_INFO = re.compile(r'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d+)')
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 _SKIP = " \t\r\n,"
 
@@ -84,7 +83,7 @@ def read_window_events(path: Path) -> WindowEvents:
 
 def trace_rank(path: Path) -> int | None:
     """The rank a trace names in `distributedInfo` (read from its head), else the rank in its file name."""
-    with open_trace(path) as file:
-        head = file.read(_HEAD_CHARS)
-    match = _RANK_IN_INFO.search(head) or _RANK_IN_NAME.search(path.name)
-    return int(match.group(1)) if match else None
+    rank = rank_in_head(path)
+    if rank is None and (match := _RANK_IN_NAME.search(path.name)):
+        rank = int(match.group(1))
+    return rank

@@ -52,9 +52,9 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("idle_host_wait_ms", "stream gaps before a kernel launched after its predecessor ended, summed over streams"),
     ("idle_kernel_wait_ms", "other stream gaps under 30 us: launch overhead (HTA's rule)"),
     ("idle_other_ms", "remaining stream gaps (synchronisation, dependencies)"),
-    ("idle_host_wait_pct", "% of device span"),
-    ("idle_kernel_wait_pct", "% of device span"),
-    ("idle_other_pct", "% of device span"),
+    ("idle_host_wait_pct", "idle_host_wait_ms, % of the three (HTA's idle_time_ratio, over all streams)"),
+    ("idle_kernel_wait_pct", "idle_kernel_wait_ms, % of the three"),
+    ("idle_other_pct", "idle_other_ms, % of the three"),
     ("launch_delay_p50_us", "kernel start - launch call's end, median (HTA's launch_delay)"),
     ("launch_delay_p95_us", "the same, 95th percentile"),
     ("top_kernels_share_pct", "share of the top 10 kernels in summed device time"),
@@ -170,18 +170,18 @@ def summarize(events: WindowEvents) -> WindowSummary:
     window_us = window_end - window_start
     values = dict.fromkeys(FIELD_NAMES, math.nan)
     is_collective = np.array([is_host_collective(name) for name in events.names], dtype=bool)
-    host = np.isin(events.kind, (HOST, LAUNCH)) & (events.start_us <= window_end)
     launch = events.kind == LAUNCH
     collective = (events.kind == HOST) & is_collective[events.name_id]
-    ends = events.start_us + events.dur_us
-    host_collective_us = union_us(events.start_us[collective], ends[collective])
+    host = np.isin(events.kind, (HOST, LAUNCH))
+    # host time counts inside the window only: a collective that began before the first step is cut there
+    start = np.clip(events.start_us, window_start, window_end)
+    end = np.clip(events.start_us + events.dur_us, window_start, window_end)
+    host_collective_us = union_us(start[collective], end[collective])
     values.update(
         window_ms=window_us / 1e3,
         steps=float(steps),
         step_ms=window_us / 1e3 / steps if steps else math.nan,
-        host_busy_pct=100 * union_us(events.start_us[host], np.minimum(ends[host], window_end)) / window_us
-        if window_us > 0
-        else math.nan,
+        host_busy_pct=100 * union_us(start[host], end[host]) / window_us if window_us > 0 else math.nan,
         launches=float(launch.sum()),
         launch_ms=float(events.dur_us[launch].sum()) / 1e3,
         host_collective_ms=host_collective_us / 1e3,
@@ -216,6 +216,7 @@ def summarize(events: WindowEvents) -> WindowSummary:
     if len(ids):
         launched = launch_start[match]
     idle_split = _idle_breakdown(stream, start, end, launched)
+    stream_idle = float(idle_split.sum())
     delays = np.clip(start - launch_end[match], 0, None) if len(ids) else np.empty(0)
     top, top_share = _top_kernels(events.names, name_id, dur)
 
@@ -243,9 +244,9 @@ def summarize(events: WindowEvents) -> WindowSummary:
         idle_host_wait_ms=idle_split[0] / 1e3,
         idle_kernel_wait_ms=idle_split[1] / 1e3,
         idle_other_ms=idle_split[2] / 1e3,
-        idle_host_wait_pct=pct(idle_split[0]),
-        idle_kernel_wait_pct=pct(idle_split[1]),
-        idle_other_pct=pct(idle_split[2]),
+        idle_host_wait_pct=100 * idle_split[0] / stream_idle if stream_idle else math.nan,
+        idle_kernel_wait_pct=100 * idle_split[1] / stream_idle if stream_idle else math.nan,
+        idle_other_pct=100 * idle_split[2] / stream_idle if stream_idle else math.nan,
         launch_delay_p50_us=float(np.percentile(delays, 50)) if len(delays) else math.nan,
         launch_delay_p95_us=float(np.percentile(delays, 95)) if len(delays) else math.nan,
         top_kernels_share_pct=top_share,
