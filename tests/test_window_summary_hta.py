@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
