@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, TRACES_DIR
+from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, SUMMARY_FILE_STEMS, TRACES_DIR
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -150,7 +150,8 @@ class WindowCheck:
 
 
 def is_trace_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(TRACE_SUFFIXES)
+    """A JSON file that is not one of the window summary's own files."""
+    return path.is_file() and path.name.endswith(TRACE_SUFFIXES) and not path.name.startswith(SUMMARY_FILE_STEMS)
 
 
 def trace_files_in(folder: Path) -> list[Path]:

@@ -66,18 +66,26 @@ class WindowEventsBuilder:
         """One Chrome-trace event: complete ('X') events of the categories the summary reads; others ignored."""
         if event.get("ph") != "X":
             return
-        category = event.get("cat")
         args = event.get("args") or {}
-        name = str(event.get("name", ""))
+        self.add_categorised(
+            str(event.get("cat")),
+            str(event.get("name", "")),
+            float(event["ts"]),
+            float(event.get("dur", 0.0)),
+            int(args.get("stream", 0)),
+            int(args.get("correlation", -1)),
+        )
+
+    def add_categorised(
+        self, category: str, name: str, start_us: float, dur_us: float, stream: int, correlation: int
+    ) -> None:
+        """An event by its kineto category (Chrome's `cat`); categories the summary does not read are ignored."""
         if category in DEVICE_CATEGORIES:
-            kind, stream = DEVICE, int(args.get("stream", 0))
-        elif category in LAUNCH_CATEGORIES and "correlation" in args:
-            kind, stream = LAUNCH, -1
+            self.add(name, DEVICE, start_us, dur_us, stream, correlation)
+        elif category in LAUNCH_CATEGORIES and correlation > 0:
+            self.add(name, LAUNCH, start_us, dur_us, -1, correlation)
         elif category in HOST_CATEGORIES:
-            kind, stream = (STEP if name.startswith(STEP_PREFIX) else HOST), -1
-        else:
-            return
-        self.add(name, kind, float(event["ts"]), float(event.get("dur", 0.0)), stream, int(args.get("correlation", -1)))
+            self.add(name, STEP if name.startswith(STEP_PREFIX) else HOST, start_us, dur_us)
 
     def build(self) -> WindowEvents:
         names = [""] * len(self._name_ids)

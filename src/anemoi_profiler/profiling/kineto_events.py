@@ -1,0 +1,27 @@
+"""A finished window's events straight from torch.profiler's results: no trace file written or parsed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .window_events import WindowEvents, WindowEventsBuilder
+
+
+def window_events_from_kineto(results: Any) -> WindowEvents:
+    """Columns from `prof.profiler.kineto_results` (torch's `_ProfilerResult`), as a trace file would give them.
+
+    Kineto names each event's activity as the trace's `cat` (`kernel`, `cuda_runtime`, `cpu_op`, ...); device
+    events carry their stream as `device_resource_id` and share the launch's CUPTI `correlation_id` (0: none).
+    """
+    builder = WindowEventsBuilder()
+    add = builder.add_categorised
+    for event in results.events():
+        add(
+            event.activity_type(),
+            event.name(),
+            event.start_ns() / 1e3,
+            event.duration_ns() / 1e3,
+            event.device_resource_id(),
+            event.correlation_id() or -1,
+        )
+    return builder.build()
