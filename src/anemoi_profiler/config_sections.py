@@ -120,7 +120,7 @@ class TorchProfilerConfig:
     window_summary: bool = _opt(
         True,
         "Summarise every window on every rank in process (device idle and why, overlap, top kernels; docs/hta.md): "
-        "traces/<stage>/window_<k>/window_summary.{csv,json} and window/... metrics.",
+        "window_summaries/<stage>/window_<k>/window_summary.{csv,json} and window/... metrics.",
     )
     time_report: bool = _opt(True, "Write time_report.{csv,json}: top operators by CPU and device time.")
     memory_report: bool = _opt(True, "Write memory_report.{txt,csv,json}: allocations per operator, explained.")

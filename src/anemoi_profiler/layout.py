@@ -6,7 +6,7 @@
   report.txt  report.json  report.html  plots/<name>.svg
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
-  traces/<stage>/window_<k>/window_summary.{csv,json}  traces/<stage>/window_<k>/kernel_names_rank<r>.json
+  window_summaries/<stage>/window_<k>/window_summary.{csv,json}  .../kernel_names_rank<r>.json
   memory/snapshot_rank<r>.pickle  memory/snapshot_rank<r>_exception.pickle  memory/timeline_rank<r>.html
   hta/summary.json  hta/<stage>/window_<k>/...
   spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
@@ -39,12 +39,10 @@ MEMORY_REPORT = "memory_report"
 """Stem of `memory_report.txt`, `.csv` and `.json`."""
 TRACES_DIR = "traces"
 TRACE_SUFFIX = ".pt.trace.json.gz"
+WINDOW_SUMMARIES_DIR = "window_summaries"
+"""Beside `traces/`, not inside: HTA reads every `.json` of a trace folder as a trace."""
 WINDOW_SUMMARY = "window_summary"
-"""Stem of `window_summary.csv` and `.json` in a window's folder: every rank's summary of that window."""
-KERNEL_NAMES = "kernel_names"
-"""Stem of `kernel_names_rank<r>.json` in a window's folder: the kernel names behind a rank's exchanged hashes."""
-SUMMARY_FILE_STEMS = (WINDOW_SUMMARY, KERNEL_NAMES)
-"""Files of a window's folder that are no traces, though they end in `.json`."""
+"""Stem of `window_summary.csv` and `.json`: every rank's summary of one window."""
 MEMORY_DIR = "memory"
 HTA_DIR = "hta"
 HTA_SUMMARY_FILE = "summary.json"
@@ -66,12 +64,13 @@ def window_dir(run_dir: Path, stage: str, window: int) -> Path:
 
 
 def window_summary_path(run_dir: Path, stage: str, window: int, suffix: str) -> Path:
-    """`traces/<stage>/window_<k>/window_summary<suffix>` (`.csv` or `.json`)."""
-    return window_dir(run_dir, stage, window) / f"{WINDOW_SUMMARY}{suffix}"
+    """`window_summaries/<stage>/window_<k>/window_summary<suffix>` (`.csv` or `.json`)."""
+    return run_dir / WINDOW_SUMMARIES_DIR / stage / f"window_{window}" / f"{WINDOW_SUMMARY}{suffix}"
 
 
 def kernel_names_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
-    return window_dir(run_dir, stage, window) / f"{KERNEL_NAMES}_rank{rank}.json"
+    """The kernel names behind the hashes rank `rank` exchanged for a window."""
+    return run_dir / WINDOW_SUMMARIES_DIR / stage / f"window_{window}" / f"kernel_names_rank{rank}.json"
 
 
 def snapshot_path(run_dir: Path, rank: int, at_exception: bool = False) -> Path:

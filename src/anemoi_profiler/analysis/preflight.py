@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, SUMMARY_FILE_STEMS, TRACES_DIR
+from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, TRACES_DIR
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -150,8 +150,7 @@ class WindowCheck:
 
 
 def is_trace_file(path: Path) -> bool:
-    """A JSON file that is not one of the window summary's own files."""
-    return path.is_file() and path.name.endswith(TRACE_SUFFIXES) and not path.name.startswith(SUMMARY_FILE_STEMS)
+    return path.is_file() and path.name.endswith(TRACE_SUFFIXES)
 
 
 def trace_files_in(folder: Path) -> list[Path]:

@@ -1,7 +1,7 @@
 """Every rank's window summaries in one fixed-shape all-gather; rank 0 writes the table and the spread metrics.
 
 Each rank sends `VECTOR_LENGTH` float64 per window (kernel names as hashes; each rank writes its own name table
-beside the window's traces), so the gathered table is `world_size x VECTOR_LENGTH x 8` bytes a window, whatever
+in `window_summaries/`), so the gathered table is `world_size x VECTOR_LENGTH x 8` bytes a window, whatever
 the windows held: 8 ranks 5.4 kB, 64 ranks 43 kB, 1,000 ranks 0.67 MB (`exchange_bytes`). Ranks that did not
 profile send NaN and are left out of the table. MLflow gets, per field, the min, median and max over ranks and
 the rank of the max (`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index).
@@ -66,6 +66,7 @@ def exchange_summaries(
 
 def write_tables(run_dir: Path, tables: dict[WindowKey, WindowTable]) -> None:
     for (stage, window), table in tables.items():
+        window_summary_path(run_dir, stage, window, ".csv").parent.mkdir(parents=True, exist_ok=True)
         window_summary_path(run_dir, stage, window, ".csv").write_text(table.to_csv())
         window_summary_path(run_dir, stage, window, ".json").write_text(json.dumps(table.to_json(), indent=1))
 
