@@ -163,3 +163,23 @@ def test_a_trace_cut_short_or_not_a_trace_is_named(tmp_path: Path) -> None:
     with pytest.raises(TraceReadError, match="no traceEvents"):
         read_window_events(other)
     assert trace_rank(cut) == 3
+
+
+def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path: Path) -> None:
+    """The in-process path (kineto's results, no file) and `summarize`'s path (the exported trace) agree."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from anemoi_profiler.profiling.kineto_events import window_events_from_kineto
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for step in range(3):
+            with record_function(f"ProfilerStep#{step}"):
+                torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()
+    from_torch = summarize(window_events_from_kineto(prof.profiler.kineto_results))
+    prof.export_chrome_trace(str(tmp_path / "rank0.json"))
+    from_file = summarize(read_window_events(tmp_path / "rank0.json"))
+    assert from_torch.values["steps"] == from_file.values["steps"] == 3
+    assert from_torch.values["window_ms"] == pytest.approx(from_file.values["window_ms"], rel=1e-3)
+    assert from_torch.values["host_busy_pct"] == pytest.approx(from_file.values["host_busy_pct"], abs=0.5)
+    assert not from_torch.device_assessed and not from_file.device_assessed

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .window_events import WindowEvents, WindowEventsBuilder
+from .window_events import DEVICE_CATEGORIES, HOST_CATEGORIES, LAUNCH_CATEGORIES, WindowEvents, WindowEventsBuilder
+
+_READ = DEVICE_CATEGORIES | LAUNCH_CATEGORIES | HOST_CATEGORIES
 
 
 def window_events_from_kineto(results: Any) -> WindowEvents:
@@ -12,12 +14,16 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
 
     Kineto names each event's activity as the trace's `cat` (`kernel`, `cuda_runtime`, `cpu_op`, ...); device
     events carry their stream as `device_resource_id` and share the launch's CUPTI `correlation_id` (0: none).
+    About 4 us of Python per event read (docs/hta.md), so the caller runs it off the training thread.
     """
     builder = WindowEventsBuilder()
     add = builder.add_categorised
     for event in results.events():
+        category = event.activity_type()
+        if category not in _READ:  # memory instants ([memory], with profile_memory) and the like: skipped unread
+            continue
         add(
-            event.activity_type(),
+            category,
             event.name(),
             event.start_ns() / 1e3,
             event.duration_ns() / 1e3,
