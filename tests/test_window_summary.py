@@ -105,11 +105,18 @@ def test_each_kernel_name_is_classified_by_htas_rules_and_says_which(name: str, 
     assert (KIND_NAMES[kind_index], RULE_NAMES[rule_index]) == (kind, rule)
 
 
-def test_union_merges_overlapping_and_nested_intervals() -> None:
-    start = np.array([5.0, 0.0, 1.0, 20.0, 21.0])
-    end = np.array([12.0, 10.0, 2.0, 30.0, 22.0])
-    assert union_us(start, end) == pytest.approx(22.0)
+def test_union_merges_overlapping_touching_and_nested_intervals() -> None:
+    start = np.array([5.0, 0.0, 1.0, 20.0, 21.0, 30.0])
+    end = np.array([12.0, 10.0, 2.0, 30.0, 22.0, 31.0])
+    assert union_us(start, end) == pytest.approx(23.0)
     assert union_us(np.empty(0), np.empty(0)) == 0.0
+    rng = np.random.default_rng(3)
+    start = rng.integers(0, 5000, 600_000).astype(float)  # past the sweep's chunk size; many ties
+    end = start + rng.integers(0, 4, len(start))
+    covered = np.zeros(5004, dtype=bool)
+    for first, last in zip(start.astype(int), end.astype(int), strict=True):
+        covered[first:last] = True
+    assert union_us(start, end) == covered.sum()
 
 
 def test_a_cpu_only_window_has_host_figures_and_device_fields_not_assessed(fixtures_dir: Path) -> None:

@@ -22,6 +22,7 @@ KERNEL_WAIT_US = 30.0
 """HTA's `consecutive_kernel_delay` default: a gap on a stream shorter than this, with the next kernel already
 launched, is the cost of launching back-to-back kernels ("kernel wait")."""
 TOP_KERNELS = 10
+_CHUNK = 1 << 18
 
 FIELDS: tuple[tuple[str, str], ...] = (
     ("window_ms", "first step's start to last step's end (all events without steps)"),
@@ -108,14 +109,38 @@ class WindowSummary:
 
 
 def union_us(start: np.ndarray, end: np.ndarray) -> float:
-    """Length of the union of intervals: sort, then a new group wherever a start passes every earlier end."""
-    if len(start) == 0:
+    """Length of the union of intervals (touching ones merge, as in HTA's `merge_kernel_intervals`)."""
+    return _union_sorting_in_place(start.copy(), end.copy())
+
+
+def _union_sorting_in_place(starts: np.ndarray, ends: np.ndarray) -> float:
+    """The union from starts and ends sorted separately, in place: no index array, no reordered copies.
+
+    Coverage drops to zero right after the j-th end exactly when j + 1 starts came at or before it, and rises
+    from zero at the i-th start when exactly i ends came strictly before it: the union is the sum of those
+    ends minus the sum of those starts.
+    """
+    if len(starts) == 0:
         return 0.0
-    order = np.argsort(start, kind="stable")
-    starts, reach = start[order], np.maximum.accumulate(end[order])
-    opens = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    closes = np.r_[opens[1:] - 1, len(starts) - 1]
-    return float((reach[closes] - starts[opens]).sum())
+    starts.sort()
+    ends.sort()
+    total = 0.0
+    for at in range(0, len(starts), _CHUNK):  # chunks keep the searchsorted results small
+        rank = np.arange(at, min(at + _CHUNK, len(starts)))
+        chunk_ends, chunk_starts = ends[rank], starts[rank]
+        total += chunk_ends[np.searchsorted(starts, chunk_ends, side="right") == rank + 1].sum()
+        total -= chunk_starts[np.searchsorted(ends, chunk_starts, side="left") == rank].sum()
+    return float(total)
+
+
+def _host_union_us(events: WindowEvents, chosen: np.ndarray, window_start: float, window_end: float) -> float:
+    """Union of the chosen host events cut to the window, building only the two arrays it sorts."""
+    starts = events.start_us[chosen]
+    ends = events.dur_us[chosen]
+    ends += starts
+    np.clip(starts, window_start, window_end, out=starts)
+    np.clip(ends, window_start, window_end, out=ends)
+    return _union_sorting_in_place(starts, ends)
 
 
 def _window_bounds(events: WindowEvents) -> tuple[float, float, int]:
@@ -174,14 +199,13 @@ def summarize(events: WindowEvents) -> WindowSummary:
     collective = (events.kind == HOST) & is_collective[events.name_id]
     host = np.isin(events.kind, (HOST, LAUNCH))
     # host time counts inside the window only: a collective that began before the first step is cut there
-    start = np.clip(events.start_us, window_start, window_end)
-    end = np.clip(events.start_us + events.dur_us, window_start, window_end)
-    host_collective_us = union_us(start[collective], end[collective])
+    host_collective_us = _host_union_us(events, collective, window_start, window_end)
+    host_busy_us = _host_union_us(events, host, window_start, window_end)
     values.update(
         window_ms=window_us / 1e3,
         steps=float(steps),
         step_ms=window_us / 1e3 / steps if steps else math.nan,
-        host_busy_pct=100 * union_us(start[host], end[host]) / window_us if window_us > 0 else math.nan,
+        host_busy_pct=100 * host_busy_us / window_us if window_us > 0 else math.nan,
         launches=float(launch.sum()),
         launch_ms=float(events.dur_us[launch].sum()) / 1e3,
         host_collective_ms=host_collective_us / 1e3,
@@ -206,12 +230,12 @@ def summarize(events: WindowEvents) -> WindowSummary:
     rules.update({f"rule_{rule}_events": int(n) for rule, n in zip(RULE_NAMES, rule_counts, strict=True)})
     kind = kind_of_name[name_id]
     span = float(end.max() - start.min())
-    active = union_us(start, end)
-    compute = union_us(start[kind == COMPUTE], end[kind == COMPUTE])
-    communication = union_us(start[kind == COMMUNICATION], end[kind == COMMUNICATION])
-    memory = union_us(start[kind == MEMORY], end[kind == MEMORY])
+    active = _union_sorting_in_place(start.copy(), end.copy())
+    compute = _union_sorting_in_place(start[kind == COMPUTE], end[kind == COMPUTE])
+    communication = _union_sorting_in_place(start[kind == COMMUNICATION], end[kind == COMMUNICATION])
+    memory = _union_sorting_in_place(start[kind == MEMORY], end[kind == MEMORY])
     both = (kind == COMPUTE) | (kind == COMMUNICATION)
-    overlap = compute + communication - union_us(start[both], end[both])
+    overlap = compute + communication - _union_sorting_in_place(start[both], end[both])
     launched = np.full(len(start), np.nan)
     if len(ids):
         launched = launch_start[match]
