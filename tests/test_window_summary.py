@@ -117,6 +117,7 @@ def test_union_merges_overlapping_touching_and_nested_intervals() -> None:
     for first, last in zip(start.astype(int), end.astype(int), strict=True):
         covered[first:last] = True
     assert union_us(start, end) == covered.sum()
+    assert union_us(start + 1.7e15, end + 1.7e15) == covered.sum()  # epoch-scale timestamps, as in real traces
 
 
 def test_a_cpu_only_window_has_host_figures_and_device_fields_not_assessed(fixtures_dir: Path) -> None:

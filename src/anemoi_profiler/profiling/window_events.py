@@ -40,7 +40,7 @@ class WindowEvents:
 
 
 class WindowEventsBuilder:
-    """Collects events one at a time into typed arrays (no per-event Python object kept), then `build()`s."""
+    """Collects events one at a time into typed arrays (no per-event Python object kept), then `build()`s once."""
 
     def __init__(self) -> None:
         self._name_ids: dict[str, int] = {}
@@ -91,12 +91,18 @@ class WindowEventsBuilder:
         names = [""] * len(self._name_ids)
         for name, index in self._name_ids.items():
             names[index] = name
+
+        # views on the arrays collected, not copies: the builder is done with them (a large window's columns
+        # are held once); an empty array has no buffer to view
+        def column(values: array, dtype: type) -> np.ndarray:
+            return np.frombuffer(values, dtype=dtype) if len(values) else np.empty(0, dtype=dtype)
+
         return WindowEvents(
             names=names,
-            name_id=np.frombuffer(self._name_id, dtype=np.int32).copy(),
-            kind=np.frombuffer(self._kind, dtype=np.int8).copy(),
-            start_us=np.frombuffer(self._start, dtype=np.float64).copy(),
-            dur_us=np.frombuffer(self._dur, dtype=np.float64).copy(),
-            stream=np.frombuffer(self._stream, dtype=np.int32).copy(),
-            correlation=np.frombuffer(self._correlation, dtype=np.int64).copy(),
+            name_id=column(self._name_id, np.int32),
+            kind=column(self._kind, np.int8),
+            start_us=column(self._start, np.float64),
+            dur_us=column(self._dur, np.float64),
+            stream=column(self._stream, np.int32),
+            correlation=column(self._correlation, np.int64),
         )

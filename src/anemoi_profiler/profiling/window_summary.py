@@ -124,12 +124,14 @@ def _union_sorting_in_place(starts: np.ndarray, ends: np.ndarray) -> float:
         return 0.0
     starts.sort()
     ends.sort()
+    origin = starts[0]  # sums of epoch-scale timestamps (1e15 us) would cancel away whole microseconds
     total = 0.0
     for at in range(0, len(starts), _CHUNK):  # chunks keep the searchsorted results small
         rank = np.arange(at, min(at + _CHUNK, len(starts)))
         chunk_ends, chunk_starts = ends[rank], starts[rank]
-        total += chunk_ends[np.searchsorted(starts, chunk_ends, side="right") == rank + 1].sum()
-        total -= chunk_starts[np.searchsorted(ends, chunk_starts, side="left") == rank].sum()
+        closing = chunk_ends[np.searchsorted(starts, chunk_ends, side="right") == rank + 1]
+        opening = chunk_starts[np.searchsorted(ends, chunk_starts, side="left") == rank]
+        total += (closing - origin).sum() - (opening - origin).sum()
     return float(total)
 
 
