@@ -28,7 +28,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("window_ms", "first step's start to last step's end (all events without steps)"),
     ("steps", "ProfilerStep annotations in the window"),
     ("step_ms", "window_ms / steps"),
-    ("host_busy_pct", "host ops and launches (union over threads), % of window"),
+    ("host_busy_pct", "host ops and annotations (union over threads), % of window"),
     ("launches", "kernel launch calls"),
     ("launch_ms", "time in launch calls, summed"),
     ("host_collective_ms", "host collectives (gloo:, nccl: annotations), union"),
@@ -199,7 +199,7 @@ def summarize(events: WindowEvents) -> WindowSummary:
     is_collective = np.array([is_host_collective(name) for name in events.names], dtype=bool)
     launch = events.kind == LAUNCH
     collective = (events.kind == HOST) & is_collective[events.name_id]
-    host = np.isin(events.kind, (HOST, LAUNCH))
+    host = events.kind == HOST  # launch calls run inside the ops that issue them: no need to sort them too
     # host time counts inside the window only: a collective that began before the first step is cut there
     host_collective_us = _host_union_us(events, collective, window_start, window_end)
     host_busy_us = _host_union_us(events, host, window_start, window_end)
