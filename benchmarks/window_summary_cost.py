@@ -8,7 +8,7 @@ memcpy/memset, NCCL kernels on a stream of their own), 20 `ProfilerStep`s. Each 
 child process, which reports its wall time and its peak RSS above what it held before the measured part
 (`/proc/self/clear_refs` resets the peak):
 
-- `sweep`: `summarize()` over the columns, as the profiler runs it once it has the events;
+- `sweep`: `summarize()` over the columns, as the profiler runs it once it has the events (median of 3 runs);
 - `kineto`: reading a real torch.profiler window's events into columns (`window_events_from_kineto`),
   per event, scaled to `--events` (torch cannot make a 2.7-million-event window on a CPU in reasonable time);
 - `summarize`: the `summarize` command's work on the saved trace (gzipped Chrome JSON);
@@ -41,6 +41,8 @@ KERNEL_NAMES = 2000
 NCCL_NAMES = ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ncclDevKernel_AllGather_RING_LL",
               "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL")  # fmt: skip
 TARGET_SECONDS, TARGET_MB = 1.0, 50.0
+SWEEP_RUNS = 3
+"""The sweep is short enough to repeat: its median run is reported (a shared machine's timings drift)."""
 
 
 def synthetic_columns(events: int, seed: int = 0) -> dict[str, np.ndarray | list[str]]:
@@ -243,7 +245,10 @@ def main() -> int:
         results["trace"] = {"gz_mb": trace.stat().st_size / 1e6, "write_seconds": time.perf_counter() - started}
         print(f"trace written: {results['trace']}", file=sys.stderr)
         for mode in ("sweep", "kineto", "summarize", *(() if args.skip_hta else ("hta",))):
-            results[mode] = measure(mode, args.events, trace, args.hta_timeout)
+            runs = [
+                measure(mode, args.events, trace, args.hta_timeout) for _ in range(SWEEP_RUNS if mode == "sweep" else 1)
+            ]
+            results[mode] = sorted(runs, key=lambda run: run.get("seconds", np.inf))[len(runs) // 2]  # the median
             print(f"{mode}: {results[mode]}", file=sys.stderr)
     in_process_s = results["sweep"].get("seconds", np.nan) + results["kineto"].get("seconds", np.nan)
     in_process_mb = max(results["sweep"].get("extra_peak_mb", np.nan), results["kineto"].get("extra_peak_mb", np.nan))
