@@ -110,7 +110,16 @@ class TorchProfilerConfig:
     with_flops: bool = _opt(False, "Estimate FLOPs of matmuls and convolutions.")
     with_modules: bool = _opt(False, "Record the nn.Module hierarchy of operators.")
     sync_events: bool = _opt(True, "Record CUDA synchronization events, which HTA's critical-path analysis needs.")
-    traces: bool = _opt(True, "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz).")
+    traces: Any = _opt(
+        True,
+        "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz): true, false, or 'flagged': "
+        "rank 0 and the ranks whose window summary stands out keep theirs, the others only their summary.",
+    )
+    flag_distance_pct: float = _opt(
+        10.0,
+        "With traces: flagged, a rank also keeps its trace when its idle_pct, exposed_communication_pct or "
+        "host_collective_pct is more than this many points from the ranks' median.",
+    )
     trace_budget_mb: float = _opt(
         300.0, "Warn before a window whose uncompressed trace would exceed this; above 4x it is not written."
     )

@@ -22,6 +22,7 @@ from ..profiling.traces import TracesUpload
 from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
 from ..run import trainer_info
+from ..run.flagged_traces import settle_held_traces
 from ..run.intervals import STAGES
 from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
@@ -230,6 +231,9 @@ class TorchProfilerCallback(ProfilerCallback):
         mine = summaries.collect() if summaries is not None else {}
         assert self.session.run_dir is not None
         tables = exchange_summaries(self.session.exchange, self.session.run_dir, mine)
+        if self.config.profiler.traces == "flagged":
+            distance = self.config.profiler.flag_distance_pct
+            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance)
         if not self.session.is_global_zero:
             return
         write_tables(self.session.run_dir, tables)
