@@ -45,7 +45,8 @@ class WindowSummaries:
         return summaries
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Let the summaries under way finish: `collect` may still be called after."""
+        self._executor.shutdown(wait=True)
 
 
 def _summarize_results(results: Any) -> WindowSummary:
