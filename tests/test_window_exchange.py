@@ -67,3 +67,6 @@ def test_two_gloo_ranks_write_one_table_and_the_spread_metrics(tmp_path: Path) -
     assert metrics["window/train/window_ms_argmax_rank"] in (0.0, 1.0)
     assert metrics["window/train/host_collective_ms_max"] > 0  # DDP's gradient all-reduce, on gloo
     assert "window/train/idle_pct_max" not in metrics  # never a figure nobody assessed
+    report = json.loads((run_dir / "report.json").read_text())["sections"]["Window summary"]
+    assert [row[:2] for row in report["rows"]] == [["train/window_0", 2], ["train/window_1", 2], ["val/window_0", 2]]
+    assert report["rows"][0][3] == "not assessed"  # CPU-only: no device idle

@@ -26,7 +26,7 @@ from ..run.flagged_traces import settle_held_traces
 from ..run.intervals import STAGES
 from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
-from ..run.window_exchange import exchange_summaries, spread_metrics, write_tables
+from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
@@ -239,6 +239,7 @@ class TorchProfilerCallback(ProfilerCallback):
         write_tables(self.session.run_dir, tables)
         for (stage, window), table in tables.items():
             self.session.log_metrics(spread_metrics(stage, table), step=window)
+        self.session.add_section(window_section(tables))
 
     def _reporting_rank(self) -> int:
         return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)

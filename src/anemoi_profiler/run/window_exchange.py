@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..layout import kernel_names_path, window_summary_path
+from ..layout import WINDOW_SUMMARIES_DIR, kernel_names_path, window_summary_path
 from ..profiling.window_summaries import WindowKey
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
-from ..profiling.window_table import WindowTable
+from ..profiling.window_table import NOT_ASSESSED, WindowTable
+from ..report import ReportSection
 from .distributed import RankExchange
 
 METRIC_PREFIX = "window"
@@ -82,6 +83,38 @@ def spread_metrics(stage: str, table: WindowTable) -> dict[str, float]:
         for suffix, value in zip(SPREAD_SUFFIXES, values, strict=True):
             metrics[f"{METRIC_PREFIX}/{stage}/{field}_{suffix}"] = value
     return metrics
+
+
+def window_section(tables: dict[WindowKey, WindowTable]) -> ReportSection | None:
+    """The report's view of the tables: per window, the spread of idle and overlap and the rank that stands out."""
+    if not tables:
+        return None
+    rows, data = [], {}
+    for (stage, window), table in sorted(tables.items()):
+        idle, overlap = table.spread("idle_pct"), table.spread("overlap_pct")
+        exposed, host_wait = table.spread("exposed_communication_pct"), table.spread("idle_host_wait_pct")
+        top = table.top_kernels(idle.argmax_rank if idle.argmax_rank >= 0 else table.ranks[0])
+        rows.append(
+            [
+                f"{stage}/window_{window}",
+                len(table.ranks),
+                _pct(idle.median),
+                f"{_pct(idle.max)} (rank {idle.argmax_rank})" if idle.argmax_rank >= 0 else NOT_ASSESSED,
+                _pct(host_wait.median),
+                _pct(overlap.min) if overlap.argmax_rank >= 0 else NOT_ASSESSED,
+                f"{_pct(exposed.max)} (rank {exposed.argmax_rank})" if exposed.argmax_rank >= 0 else NOT_ASSESSED,
+                str(top[0]["name"])[:60] if top else "",
+            ]
+        )
+        data[f"{stage}/window_{window}"] = table.to_json()["spread"]  # None where not assessed
+    columns = ["window", "ranks", "idle % median", "idle % max", "host wait % of idle", "overlap % min",
+               "exposed comm % max", "top kernel"]  # fmt: skip
+    note = f"Every rank's figures: {WINDOW_SUMMARIES_DIR}/<stage>/window_<k>/ (docs/hta.md)."
+    return ReportSection("Window summary", columns, rows, data, note)
+
+
+def _pct(value: float) -> str:
+    return NOT_ASSESSED if value != value else f"{value:.1f}"
 
 
 def _read_names(path: Path) -> dict[str, str]:
