@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .window_events import DEVICE_CATEGORIES, HOST_CATEGORIES, LAUNCH_CATEGORIES, WindowEvents, WindowEventsBuilder
+from .window_events import (
+    CPU_OP,
+    DEVICE_CATEGORIES,
+    HOST,
+    HOST_CATEGORIES,
+    LAUNCH_CATEGORIES,
+    WindowEvents,
+    WindowEventsBuilder,
+)
 
 _READ = DEVICE_CATEGORIES | LAUNCH_CATEGORIES | HOST_CATEGORIES
 
@@ -17,9 +25,12 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
     About 4 us of Python per event read (docs/hta.md), so the caller runs it off the training thread.
     """
     builder = WindowEventsBuilder()
-    add = builder.add_categorised
+    add, add_op = builder.add_categorised, builder.add
     for event in results.events():
         category = event.activity_type()
+        if category == CPU_OP:  # half the events: their times only (see `CPU_OP`)
+            add_op(CPU_OP, HOST, event.start_ns() / 1e3, event.duration_ns() / 1e3)
+            continue
         if category not in _READ:  # memory instants ([memory], with profile_memory) and the like: skipped unread
             continue
         add(

@@ -21,6 +21,9 @@ DEVICE_CATEGORIES = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_
 """Chrome-trace categories of device work, as HTA's idle-time analysis lists them."""
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
+CPU_OP = "cpu_op"
+"""Operators are kept under this one name: the summary reads only their times (steps and host collectives are
+annotations), and the in-process reader then skips building a name string for half of all events."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class WindowEventsBuilder:
             self.add(name, DEVICE, start_us, dur_us, stream, correlation)
         elif category in LAUNCH_CATEGORIES and correlation > 0:
             self.add(name, LAUNCH, start_us, dur_us, -1, correlation)
+        elif category == CPU_OP:
+            self.add(CPU_OP, HOST, start_us, dur_us)
         elif category in HOST_CATEGORIES:
             self.add(name, STEP if name.startswith(STEP_PREFIX) else HOST, start_us, dur_us)
 
