@@ -108,16 +108,17 @@ def host_bound(run: RunData) -> Outcome:
     ranks = sorted(set(idle) & set(host_wait))
     if ranks:
         waiting = mean(idle[r] * host_wait[r] for r in ranks) / 1e4
-        windows = ", ".join(sorted({v.window for v in run.hta_values() if v.name == "idle_pct"}))
+        source, values = run.analysis_values()
+        windows = ", ".join(sorted({v.window for v in values if v.name == "idle_pct"}))
         evidence = (
-            f"HTA over {windows or 'the traces'}: GPU idle {mean(idle[r] for r in ranks):.0f}%, "
+            f"{source} over {windows or 'the traces'}: GPU idle {mean(idle[r] for r in ranks):.0f}%, "
             f"{mean(host_wait[r] for r in ranks):.0f}% of it waiting for the host"
         )
         threshold = HOST_WAIT_SHARE
     else:
         busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical("time/train/step_ms")
         if busy_ms is None or not step_ms:
-            return NotAssessed("no HTA idle breakdown and no device times in the time report")
+            return NotAssessed("no idle breakdown (HTA, window summary) and no device times in the time report")
         waiting = 1.0 - busy_ms / step_ms
         evidence = f"GPU kernels busy {busy_ms:.1f} of {step_ms:.1f} ms per step, top operators of the profiled steps"
         threshold = DEVICE_BUSY_UNKNOWN_IDLE
@@ -148,8 +149,9 @@ def host_bound(run: RunData) -> Outcome:
 def communication_bound(run: RunData) -> Outcome:
     overlap = _by_rank(run, "comm_comp_overlap_pct")
     if not overlap:
-        return NotAssessed("no HTA communication analysis: one process, no NCCL kernels, or HTA off")
-    shares = [v.value for v in run.hta_values() if v.rank is None and v.name == "communication_kernel_time_pct"]
+        return NotAssessed("no communication analysis: one process, no NCCL kernels, or HTA and window summary off")
+    source, values = run.analysis_values()
+    shares = [v.value for v in values if v.rank is None and v.name == "communication_kernel_time_pct"]
     comm_share = mean(shares) if shares else None
     mean_overlap = mean(overlap.values())
     if mean_overlap >= COMM_OVERLAP_LOW_PCT or (comm_share is not None and comm_share < COMM_KERNEL_SHARE_MIN_PCT):
@@ -161,7 +163,7 @@ def communication_bound(run: RunData) -> Outcome:
         "communication-bound",
         "high" if comm_share is not None and comm_share >= COMM_KERNEL_SHARE_HIGH_PCT else "medium",
         f"{of_kernels}{mean_overlap:.0f}% of communication time overlaps compute "
-        f"(HTA; least: rank {worst}, {overlap[worst]:.0f}%)",
+        f"({source}; least: rank {worst}, {overlap[worst]:.0f}%)",
         "Collectives run while the GPU has no compute to hide them behind, so every step waits for the network.",
         "Overlap gradient reduction with backward (DDP: gradient_as_bucket_view=True, tune bucket_cap_mb; FSDP: "
         "backward_prefetch, forward_prefetch); fewer, larger collectives; check the transport with "
@@ -400,9 +402,9 @@ def _data_wait_share(run: RunData) -> float:
 
 
 def _by_rank(run: RunData, name: str) -> dict[int, float]:
-    """An HTA per-rank value of the training windows, averaged over windows."""
+    """A per-rank value of the training windows (HTA's, else the window summary's), averaged over windows."""
     values: dict[int, list[float]] = {}
-    for value in run.hta_values():
+    for value in run.analysis_values()[1]:
         if value.rank is not None and value.name == name:
             values.setdefault(value.rank, []).append(value.value)
     return {rank: mean(found) for rank, found in values.items()}
