@@ -15,6 +15,7 @@ logging and the cross-rank exchange happen only at log intervals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from .distributed import RankExchange
 from .gradient_sync import GradientSyncTimer
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
+from .step_record import StepRecord
 
 
 class Listener(Protocol):
@@ -70,6 +72,8 @@ class StageClock:
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self.gaps = BatchGaps(own_work)
+        self.steps = StepRecord(own_work, config.throughput.warmup_steps)
+        """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
         """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
 
@@ -85,6 +89,7 @@ class StageClock:
 
     # ---- training ----
     def train_start(self) -> None:
+        self.steps.stage_started("train", time.perf_counter())
         if self.config.throughput.warmup_steps == 0:
             self.meters["train"].start()
 
@@ -102,6 +107,7 @@ class StageClock:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         try:
+            self.steps.train_step_ended(time.perf_counter())
             self.train_batches_seen += 1
             if self.train_batches_seen == 1:
                 for listener in self.listeners:
@@ -129,6 +135,7 @@ class StageClock:
     def validation_start(self, trainer: Any) -> None:
         if not trainer.sanity_checking:
             self.meters["train"].stop()
+            self.steps.stage_started("val", time.perf_counter())
         self.gaps.reset()
 
     def on_validation_batch_start(
@@ -150,6 +157,7 @@ class StageClock:
             self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
             if sanity_checking:
                 return
+            self.steps.val_step_ended(time.perf_counter())
             samples, items = self._count("val", batch)
             meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
@@ -162,6 +170,7 @@ class StageClock:
             return
         self.lap(trainer, "val", final=True)
         self.meters["val"].stop()
+        self.steps.stage_started("train", time.perf_counter())
         if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
             self.meters["train"].start()
         self.gaps.reset()
