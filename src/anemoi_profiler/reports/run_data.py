@@ -28,6 +28,7 @@ from ..layout import (
     METRICS_FILE,
     MODEL_SUMMARY_FILE,
     REPORT_JSON,
+    STEPS_FILE,
     TIME_REPORT,
     TRACES_DIR,
 )
@@ -38,6 +39,7 @@ HTA_SUMMARY = f"{HTA_DIR}/{HTA_SUMMARY_FILE}"
 DOWNLOADED_FILES = (
     *RUN_FILES,
     CONFIG_FILE,
+    STEPS_FILE,
     f"{TIME_REPORT}.json",
     f"{MEMORY_REPORT}.json",
     MODEL_SUMMARY_FILE,
