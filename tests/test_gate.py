@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from anemoi_profiler.reports.gate import GateError, block_length, judge_slowdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 sys.path.insert(0, str(DOCS))
-from gen_gate_table import THRESHOLD_PCT, outcomes, synthetic_steps  # noqa: E402
+from gen_gate_table import ROWS, THRESHOLD_PCT, outcomes, synthetic_steps  # noqa: E402
 
 
 def steps(rng: np.random.Generator, n: int, cv: float, factor: float = 1.0) -> np.ndarray:
@@ -92,3 +93,13 @@ def test_the_synthetic_runs_have_flagged_warmup_and_spikes() -> None:
     seconds, flags = synthetic_steps(np.random.default_rng(4), 300, 0.03, 0.5, 0.0)
     assert len(seconds) == 320 and np.all(flags[:20]) and not np.any(flags[20:])
     assert np.median(seconds[:20]) > 2 * np.median(seconds[20:]) and seconds[20:].max() > 1.5 * np.median(seconds)
+
+
+def test_the_published_table_meets_the_limits() -> None:
+    text = (DOCS / "regression-gate.md").read_text()
+    rows = re.findall(r"^\| (\d+)% \| ([\d.]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|", text, flags=re.MULTILINE)
+    assert len(rows) == len(ROWS), "run python docs/gen_gate_table.py and put its table in docs/regression-gate.md"
+    for cv, _, steps, false_slower, power in rows:
+        assert float(false_slower) <= 5.0, (cv, steps)
+        if cv == "3" and steps == "300":
+            assert float(power) >= 95.0
