@@ -9,14 +9,17 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 from torch import nn
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli import compare as compare_command
 from anemoi_profiler.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
 from anemoi_profiler.reports.comparability import allowed, differences
+from anemoi_profiler.reports.regression_gate import GateInputError, run_gate, verdict_lines
 from anemoi_profiler.reports.run_data import RunData, load_run
 from tests.helpers.jobs import FAST, example, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -169,3 +172,38 @@ def test_one_rank_against_two_ranks_is_not_comparable(tmp_path: Path, capsys: py
     allowances = [part for key in keys for part in ("--allow-mismatch", key)]
     assert compare_command.run(gate(*folders, "--fail-if-slower", "5%", *allowances)) in (0, 1, 3)
     assert "allowed mismatch: world_size (A 1 | B 2)" in capsys.readouterr().out
+
+
+def test_a_rate_is_tested_as_time_per_sample(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+
+    def run(name: str, samples_per_sec: float) -> RunData:
+        values = list(samples_per_sec * np.exp(rng.normal(0, 0.02, 30)))
+        metrics = {"throughput/train/samples_per_sec": {"step": list(range(30)), "value": values}}
+        return RunData(tmp_path / name, metrics=metrics)
+
+    a, b = run("a", 1000.0), run("b", 800.0)  # 20 % fewer samples/s: each sample takes 25 % longer
+    verdict = run_gate([a], [b], 5.0, metric="throughput")
+    assert verdict.exit_code == 1 and verdict.result is not None
+    assert verdict.result.estimate_pct == pytest.approx(25.0, abs=3.0)
+    assert verdict_lines(verdict)[0].startswith("SLOWER: training samples/s +")
+    assert run_gate([b], [a], 5.0, metric="throughput").exit_code == 0
+    with pytest.raises(GateInputError, match=r"has no throughput/train/items_per_sec in metrics\.json"):
+        run_gate([a], [b], 5.0, metric="items")
+
+
+def test_mlflow_run_ids_are_gated_like_folders(
+    base_and_slowed: tuple[Path, Path], sqlite_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = MlflowClient(sqlite_uri)
+    experiment = client.create_experiment("gate")
+    run_ids = []
+    for folder in base_and_slowed:
+        run_id = client.create_run(experiment).info.run_id
+        client.log_artifacts(run_id, str(folder), "profiler")  # as the session uploads it
+        run_ids.append(run_id)
+    capsys.readouterr()
+    assert compare_command.run(gate(*run_ids, "--fail-if-slower", "5%", "--tracking-uri", sqlite_uri)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("SLOWER: training step +")
+    assert any(line.startswith("why: the traces hold no module names (or were not kept") for line in lines)
