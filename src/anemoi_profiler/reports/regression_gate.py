@@ -170,7 +170,7 @@ def verdict_lines(verdict: GateVerdict) -> list[str]:
         for name, side, steps, block in zip("AB", verdict.sides, result.steps, result.block_lengths, strict=True):
             flagged = ", ".join(f"{key} {count}" for key, count in side.flagged.items() if count)
             scale = 1000 if METRICS[verdict.metric][1] in ("train", "val") else 1e6
-            medians = ", ".join(f"{scale * float(np.median(values)):.3g}" for values in side.values)
+            medians = ", ".join(f"{scale * float(np.median(values)):.4g}" for values in side.values)
             unit = {"train": "ms", "val": "ms"}.get(METRICS[verdict.metric][1], "ms per 1000 samples or items")
             lines.append(
                 f"  {name}: {len(side.runs)} run(s), {steps} steady of {sum(side.counted)} values"
