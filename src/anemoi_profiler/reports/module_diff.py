@@ -30,6 +30,8 @@ class ModuleTimes:
     """A run's forward time per profiled step by module path, in ms."""
 
     steps: int = 0
+    step_ms: float = 0.0
+    """A profiled step's duration (torch.profiler's `ProfilerStep#<n>` spans); 0 when the traces have none."""
     inclusive_ms: dict[str, float] = field(default_factory=dict)
     self_ms: dict[str, float] = field(default_factory=dict)
     operators_ms: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -42,7 +44,7 @@ class ModuleChange:
     self_delta_ms: float
     inclusive_delta_ms: float
     share: float
-    """Of the total change per step (the median step's), the share of this module's self change."""
+    """This module's self change as a share of the change of the profiled step."""
     operators: list[tuple[str, float]]
     """The operators whose time in the module changed most, ms per step."""
 
@@ -60,6 +62,7 @@ def module_times(run_dir: Path, stage: str = "train", rank: int = 0) -> ModuleTi
         _add_window(times, events)
     if not times.steps or not times.inclusive_ms:
         return None
+    times.step_ms /= times.steps
     for table in (times.inclusive_ms, times.self_ms):
         for key in table:
             table[key] /= times.steps
@@ -70,7 +73,8 @@ def module_times(run_dir: Path, stage: str = "train", rank: int = 0) -> ModuleTi
 
 
 def diff(a: ModuleTimes, b: ModuleTimes, total_change_ms: float) -> list[ModuleChange]:
-    """Modules by the change of their self time per step, largest first (`total_change_ms` makes the shares)."""
+    """Modules by the change of their self time per step, largest first (`total_change_ms`, the profiled step's
+    change, makes the shares)."""
     changes = []
     for path in set(a.inclusive_ms) | set(b.inclusive_ms):
         self_delta = b.self_ms.get(path, 0.0) - a.self_ms.get(path, 0.0)
@@ -85,12 +89,13 @@ def diff(a: ModuleTimes, b: ModuleTimes, total_change_ms: float) -> list[ModuleC
 
 def _add_window(times: ModuleTimes, events: list[dict[str, Any]]) -> None:
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    steps = {e["name"] for e in complete if str(e.get("name", "")).startswith(STEP_PREFIX)}
+    steps = {e["name"]: e["dur"] for e in complete if str(e.get("name", "")).startswith(STEP_PREFIX)}
     python = {e["args"]["Python id"]: e for e in complete if e.get("cat") == "python_function" and _has_ids(e)}
     modules = [e for e in python.values() if e["name"].startswith(MODULE_PREFIX)]
     if not modules:
         return
     times.steps += max(1, len(steps))
+    times.step_ms += sum(steps.values()) / 1000
     paths = {id(event): _path(event, python) for event in modules}
     children_ms: dict[int, float] = {}
     for event in modules:

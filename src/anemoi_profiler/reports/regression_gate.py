@@ -183,26 +183,22 @@ def verdict_lines(verdict: GateVerdict) -> list[str]:
 
 
 def _result_line(result: GateResult, label: str) -> str:
-    estimate = f"{label} {result.estimate_pct:+.1f} %"
+    """`VERDICT: <figure> <estimate> (one-sided 95 % bounds <lower> .. <upper>): <why this verdict>`."""
+    head = (
+        f"{label} {result.estimate_pct:+.1f} % (one-sided 95 % bounds {result.lower_pct:+.1f} % .. "
+        f"{result.upper_pct:+.1f} %)"
+    )
+    threshold = f"the {result.threshold_pct:g} % threshold"
     if result.outcome == "slower":
-        return (
-            f"SLOWER: {estimate} (95 % lower bound {result.lower_pct:+.1f} %) is above the "
-            f"{result.threshold_pct:g} % threshold"
-        )
+        return f"SLOWER: {head}: the lower bound is above {threshold}"
     if result.outcome == "not slower":
-        return (
-            f"NOT SLOWER: {estimate} (95 % upper bound {result.upper_pct:+.1f} %) is under the "
-            f"{result.threshold_pct:g} % threshold"
-        )
+        return f"NOT SLOWER: {head}: the upper bound is under {threshold}"
     settle = (
         f"about {result.more_steps_per_run} more steady steps per run (or more runs) would settle it"
         if result.more_steps_per_run is not None
         else "the estimate sits on the threshold"
     )
-    return (
-        f"INCONCLUSIVE: {estimate} (95 % bounds {result.lower_pct:+.1f} % .. {result.upper_pct:+.1f} %) holds the "
-        f"{result.threshold_pct:g} % threshold; this noise detects +{result.detectable_pct:.1f} % or more; {settle}"
-    )
+    return f"INCONCLUSIVE: {head} hold {threshold}; this noise detects +{result.detectable_pct:.1f} % or more; {settle}"
 
 
 def as_json(verdict: GateVerdict) -> dict[str, Any]:

@@ -25,24 +25,26 @@ def why_lines(a: RunData, b: RunData) -> list[str]:
                 f"operator table below shows what changed; for a module diff, {HOW_TO_GET_WINDOWS}"
             ]
         return [f"why: not assessed: the runs have no training profiler windows; {HOW_TO_GET_WINDOWS}"]
-    total = _median_step_ms(b) - _median_step_ms(a) if _median_step_ms(a) and _median_step_ms(b) else 0.0
+    median_change = _median_step_ms(b) - _median_step_ms(a) if _median_step_ms(a) and _median_step_ms(b) else 0.0
     roots = [path for path in set(times_a.inclusive_ms) | set(times_b.inclusive_ms) if "/" not in path]
     forward_change = sum(times_b.inclusive_ms.get(p, 0.0) - times_a.inclusive_ms.get(p, 0.0) for p in roots)
-    basis = total or forward_change
-    changes = diff(times_a, times_b, basis)[:TOP_MODULES]
+    profiled_change = times_b.step_ms - times_a.step_ms if times_a.step_ms and times_b.step_ms else forward_change
+    changes = diff(times_a, times_b, profiled_change)[:TOP_MODULES]
     lines = [
-        f"why: by module (forward, host ms per profiled step, B - A; the median step changed {total:+.2f} ms, "
-        f"the modules' forward {forward_change:+.2f} ms):"
+        f"why: by module (forward, host ms per profiled step, B - A): the profiled step changed "
+        f"{profiled_change:+.2f} ms, the modules' forward {forward_change:+.2f} ms (the median steady step "
+        f"{median_change:+.2f} ms)"
     ]
     for change in changes:
         operators = ", ".join(f"{name} {delta:+.2f}" for name, delta in change.operators)
         lines.append(
-            f"  {change.path}: self {change.self_delta_ms:+.2f} ms ({change.share:+.0%} of the change), "
-            f"with submodules {change.inclusive_delta_ms:+.2f} ms" + (f"; operators: {operators}" if operators else "")
+            f"  {change.path}: self {change.self_delta_ms:+.2f} ms ({change.share:+.0%} of the profiled step's "
+            f"change), with submodules {change.inclusive_delta_ms:+.2f} ms"
+            + (f"; operators: {operators}" if operators else "")
         )
     explained = sum(change.self_delta_ms for change in changes if change.self_delta_ms > 0)
-    if basis > 0:
-        lines.append(f"  the top {len(changes)} modules explain {explained / basis:.0%} of the change")
+    if profiled_change > 0:
+        lines.append(f"  the top {len(changes)} modules explain {explained / profiled_change:.0%} of it")
     return lines
 
 
