@@ -12,6 +12,7 @@ from anemoi_profiler.layout import STEPS_FILE, run_folders
 from anemoi_profiler.reports.step_series import (
     AFTER_OTHER_STAGE,
     CHECKPOINT,
+    EPOCH_START,
     PROFILED,
     QUANTUM,
     WARMUP,
@@ -76,5 +77,6 @@ def test_a_fit_records_each_step_and_flags_warmup_windows_validation_and_checkpo
     assert after == [0, 10, 20, 30]
     # Saved at the end of steps 12, 24, 36, after the clock's hook: the time is in the step that follows
     assert list(np.nonzero(flags & CHECKPOINT)[0]) == [12, 24, 36]
+    assert list(np.nonzero(flags & EPOCH_START)[0]) == [0, 20]  # 20 batches an epoch
     assert np.count_nonzero(flags == 0) >= 25  # the steady steps `compare` tests
     assert list(np.nonzero(val_steps.flags & AFTER_OTHER_STAGE)[0]) == [0, 4, 8, 12]

@@ -148,6 +148,11 @@ class StageCallback(ProfilerCallback):
             self.clock.train_start()
 
     @guarded
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.drives:
+            self.clock.train_epoch_start()
+
+    @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.train_end(trainer)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from statistics import mean
-from typing import Literal
 
 from ..report import ReportSection
+from .epoch_starts import slow_epoch_starts
+from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
 from .run_data import TYPICAL_MIN_INTERVALS, RunData, load_run
 
 log = logging.getLogger(__name__)
 
-Severity = Literal["high", "medium", "info"]
-SEVERITY_ORDER: tuple[Severity, ...] = ("high", "medium", "info")
 TITLE = "Diagnosis"
 
 DATALOADER_WAIT_SHARE = 0.15
@@ -63,31 +62,6 @@ MAX_BATCH_FACTOR = 8
 MFU_LOW = 0.30
 """Model FLOPs utilisation below which the device's arithmetic is mostly unused."""
 MFU_VERY_LOW = 0.10
-
-
-@dataclass(frozen=True)
-class Verdict:
-    id: str
-    """Stable identifier (`dataloader-bound`, `slow-rank`): the MLflow run's `profiler.verdict` tag, for searches."""
-    name: str
-    """What the report shows."""
-    severity: Severity
-    value: str
-    """The number behind the verdict, with what it was compared to."""
-    message: str
-    """What it means for this run."""
-    next_step: str
-
-
-@dataclass(frozen=True)
-class NotAssessed:
-    """A check that the run's data cannot answer, and why (a CPU run has no device memory to compare)."""
-
-    reason: str
-
-
-Outcome = Verdict | NotAssessed | None
-"""What a check finds: a verdict, why it could not look, or None when it looked and found nothing."""
 
 
 def dataloader_bound(run: RunData) -> Outcome:
@@ -350,6 +324,7 @@ def low_mfu(run: RunData) -> Outcome:
 CHECKS: dict[str, Callable[[RunData], Outcome]] = {
     "dataloader wait": dataloader_bound,
     "callbacks": callback_bound,
+    "epoch starts": slow_epoch_starts,
     "host wait": host_bound,
     "communication": communication_bound,
     "rank balance": slow_rank,

@@ -25,17 +25,18 @@ from ..layout import STEPS_FILE
 FORMAT = 1
 QUANTUM = 0.002
 """Relative width of one quantisation step: codes are round(ln(seconds) / ln(1 + QUANTUM))."""
-WARMUP, PROFILED, AFTER_OTHER_STAGE, CHECKPOINT, OWN_WORK = 1, 2, 4, 8, 16
+WARMUP, PROFILED, AFTER_OTHER_STAGE, CHECKPOINT, OWN_WORK, EPOCH_START = 1, 2, 4, 8, 16, 32
 FLAGS = {
     "warmup": WARMUP,
     "profiled": PROFILED,
     "after_other_stage": AFTER_OTHER_STAGE,
     "checkpoint": CHECKPOINT,
     "own_work": OWN_WORK,
+    "epoch_start": EPOCH_START,
 }
 """Why a step is not steady state: before `throughput.warmup_steps`; inside a torch.profiler window; the first step
 of a stage after another ran (training after validation, a validation run's first batch); a checkpoint was saved
-in it; the profiler's own work (trace export, snapshot dump) ran in it."""
+in it; the profiler's own work (trace export, snapshot dump) ran in it; the first step of a training epoch."""
 
 
 @dataclass(frozen=True)
