@@ -1,6 +1,6 @@
 """Simulate the decision rule of `compare --fail-if-slower` on synthetic step series and print its error table.
 
-`python docs/gen_gate_table.py` prints the Markdown table of docs/reports.md ("How often the gate is wrong");
+`python docs/gen_gate_table.py` prints the Markdown table of docs/regression-gate.md ("How often the gate is wrong");
 tests/test_gate.py runs the same simulation on a few rows and checks the limits.
 """
 
