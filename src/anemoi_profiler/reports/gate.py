@@ -12,7 +12,7 @@ fifth. One-sided bounds at `CONFIDENCE` use Student's t with the degrees of free
 - inconclusive: the interval holds the threshold; the result says which slowdown this noise could have detected
   and about how many more steps per run would settle it.
 
-Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/reports.md publishes.
+Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/regression-gate.md publishes.
 """
 
 from __future__ import annotations
