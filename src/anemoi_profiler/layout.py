@@ -2,7 +2,7 @@
 
 ```
 <output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
-  config.yaml  environment.json  metrics.json
+  config.yaml  environment.json  metrics.json  steps.json
   report.txt  report.json  report.html  plots/<name>.svg
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
@@ -28,6 +28,8 @@ ARTIFACT_ROOT = "profiler"
 CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
 METRICS_FILE = "metrics.json"
+STEPS_FILE = "steps.json"
+"""Each measured step's duration and why it is not steady state (`reports/step_series.py`)."""
 REPORT_TXT = "report.txt"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

@@ -21,6 +21,7 @@ from ..profiling.schedule import WindowSchedule
 from ..profiling.traces import TracesUpload
 from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
+from ..reports.step_series import PROFILED
 from ..run import trainer_info
 from ..run.flagged_traces import settle_held_traces
 from ..run.intervals import STAGES
@@ -175,6 +176,8 @@ class TorchProfilerCallback(ProfilerCallback):
         self._windows.batch_starting(stage, schedule, index)
         if self._recorders[stage] is None:
             self._recorders[stage] = self._windows.open(stage, schedule, index)
+        if self._recorders[stage] is not None and self.session.stage_clock is not None:
+            self.session.stage_clock.steps.mark(stage, PROFILED)  # not steady state for `compare`
         now = time.perf_counter()
         if stage == "train" and self._last_train_end is not None:
             self._windows.durations.add("train/dataloader_next", now - self._last_train_end)

@@ -15,18 +15,21 @@ logging and the cross-rank exchange happen only at log intervals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from ..config import ProfilerConfig
+from ..reports.step_series import EPOCH_START
 from . import trainer_info
 from .batch_gaps import BatchGaps
 from .distributed import RankExchange
 from .gradient_sync import GradientSyncTimer
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
+from .step_record import StepRecord
 
 
 class Listener(Protocol):
@@ -71,6 +74,8 @@ class StageClock:
         self.train_batches_seen = 0
         self._epoch_starting = False
         self.gaps = BatchGaps(own_work)
+        self.steps = StepRecord(own_work, config.throughput.warmup_steps)
+        """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
         """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
 
@@ -86,12 +91,14 @@ class StageClock:
 
     # ---- training ----
     def train_start(self) -> None:
+        self.steps.stage_started("train", time.perf_counter())
         if self.config.throughput.warmup_steps == 0:
             self.meters["train"].start()
 
     def train_epoch_start(self) -> None:
         """An epoch starts: until its first batch (DataLoader workers starting again, a dataset opening again),
         training time pauses; the pause is the epoch start's own figure, not a step's."""
+        self.steps.mark("train", EPOCH_START)
         if self._train.running:
             self._train.pause()
             self._epoch_starting = True
@@ -114,6 +121,7 @@ class StageClock:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         try:
+            self.steps.train_step_ended(time.perf_counter())
             self.train_batches_seen += 1
             if self.train_batches_seen == 1:
                 for listener in self.listeners:
@@ -141,6 +149,7 @@ class StageClock:
     def validation_start(self, trainer: Any) -> None:
         if not trainer.sanity_checking:
             self.meters["train"].stop()
+            self.steps.stage_started("val", time.perf_counter())
         self.gaps.reset()
 
     def on_validation_batch_start(
@@ -162,6 +171,7 @@ class StageClock:
             self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
             if sanity_checking:
                 return
+            self.steps.val_step_ended(time.perf_counter())
             samples, items = self._count("val", batch)
             meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
@@ -174,6 +184,7 @@ class StageClock:
             return
         self.lap(trainer, "val", final=True)
         self.meters["val"].stop()
+        self.steps.stage_started("train", time.perf_counter())
         if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
             self.meters["train"].start()
         self.gaps.reset()
