@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..build import build_callbacks
-from ..callbacks.base import Callback, ProfilerCallback
+from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
 from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ class AnemoiProfiler(Callback):
         tree = OmegaConf.merge(OmegaConf.load(preset_path(preset)), OmegaConf.create(dict(config or {})))
         self.config = ProfilerConfig.load(OmegaConf.to_container(tree, resolve=True), list(overrides))
         self.members: list[ProfilerCallback] = []
+        for hook in PER_BATCH_HOOKS:  # it measures nothing itself: Lightning need not call it every batch
+            setattr(self, hook, None)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.members:
