@@ -3,7 +3,8 @@
 Fails (exit 1, naming each broken promise) unless: the store holds exactly one run, FINISHED, with anemoi's own
 metrics and the profiler's `throughput/`, `time/`, `system/` and `summary/` metrics, its tags, description and
 `profiler/` artifacts; grid points per sample equal the dataset's grid; the measured batches equal the batches
-the independent clock (batch_clock.py) counted after warmup; samples/s agrees with that clock (see `clock_rates`);
+the independent clock (batch_clock.py) counted after warmup, on every rank; samples/s agrees with that clock
+(see `clock_rates`);
 no second store was written (`./mlruns` of the working directory, `mlflow.db` in the profiler's folder).
 With --detailed also the model summary, the trace windows and report.html.
 """
@@ -93,8 +94,12 @@ def check(args: argparse.Namespace) -> list[str]:
 
     throughput = report["sections"].get("Throughput", {}).get("data", {})
     measured = throughput.get("train/measured_batches")
-    expected = len(clock["batches"]) - args.warmup
-    print(f"measured batches: {measured} (clock: {len(clock['batches'])} trained, {args.warmup} warmup)")
+    # The batches every rank measured: the clock's (rank 0's) after warmup, on each rank.
+    expected = (len(clock["batches"]) - args.warmup) * clock["world_size"]
+    print(
+        f"measured batches: {measured} (clock: {len(clock['batches'])} trained, {args.warmup} warmup, "
+        f"{clock['world_size']} rank(s))"
+    )
     if measured != expected:
         problems.append(f"train/measured_batches {measured}, the clock counted {expected} after warmup")
 

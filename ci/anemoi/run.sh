@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make anemoi-e2e`: a real `anemoi-training train` with the profiler on the tiny dataset, in the environment of
 # setup.sh (built once, then cached), checked by check_run.py against anemoi's MLflow store and an independent
-# clock. Two runs: the simple preset (figures against the clock), the detailed one chosen on the command line
-# (model summary, traces, reports). Fails loudly when the environment cannot be built or a check fails.
+# clock. Three runs: the simple preset (figures against the clock), the detailed one chosen on the command line
+# (model summary, traces, reports), and 2 CPU ranks in one model group. Fails loudly when the environment cannot be
+# built, a training fails or hangs, or a check fails.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -21,20 +22,29 @@ export MLFLOW_ALLOW_FILE_STORE=true
 "$env_dir/bin/python" "$here/make_dataset.py" "$work/data" >"$work/make_dataset.log" 2>&1 \
     || { tail -30 "$work/make_dataset.log"; exit 1; }
 
-for preset in simple detailed; do
-    out="$work/$preset"
-    echo "anemoi-e2e: anemoi-training train, preset $preset"
+# name, then the overrides of that run
+runs=(
+    "simple|diagnostics.callbacks.0.preset=simple"
+    "detailed|diagnostics.callbacks.0.preset=detailed"
+    # 2 CPU ranks in one model group of 2 (DDPGroupStrategy): the grid sharded, every sample on both ranks
+    "model_group|system.hardware.num_gpus_per_node=2 system.hardware.num_gpus_per_model=2 training.max_epochs=2 dataloader.batch_size.training=1 dataloader.batch_size.validation=1"
+)
+for entry in "${runs[@]}"; do
+    name="${entry%%|*}"
+    read -r -a overrides <<<"${entry#*|}"
+    out="$work/$name"
+    echo "anemoi-e2e: anemoi-training train, $name"
     start=$SECONDS
-    if ! "$env_dir/bin/anemoi-training" train --config-path="$here/config" --config-name=e2e \
-        system.input.dataset="$work/data/tiny.zarr" system.output.root="$out" \
-        diagnostics.callbacks.0.preset="$preset" diagnostics.enable_progress_bar=False >"$work/train_$preset.log" 2>&1; then
-        tail -40 "$work/train_$preset.log"
-        echo "anemoi-e2e: training with preset $preset failed (log: $work/train_$preset.log)"
+    if ! timeout 900 "$env_dir/bin/anemoi-training" train --config-path="$here/config" --config-name=e2e \
+        system.input.dataset="$work/data/tiny.zarr" system.output.root="$out" diagnostics.enable_progress_bar=False \
+        "${overrides[@]}" >"$work/train_$name.log" 2>&1; then
+        tail -40 "$work/train_$name.log"
+        echo "anemoi-e2e: training $name failed or hung (log: $work/train_$name.log)"
         exit 1
     fi
     echo "anemoi-e2e: trained in $((SECONDS - start)) s"
     extra=()
-    [[ $preset == detailed ]] && extra=(--detailed)
+    [[ $name == detailed ]] && extra=(--detailed)
     "$env_dir/bin/python" "$here/check_run.py" --tracking-uri "file:$out/logs/mlflow" --clock "$out/batch_clock.json" \
         --workdir "$work" --profiler-dir "$out/profiler" "${extra[@]}"
 done
