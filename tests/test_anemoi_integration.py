@@ -6,6 +6,7 @@ The same class inside the real anemoi-training trainer is checked by `make anemo
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from anemoi_profiler import SystemMetricsCallback, ThroughputCallback
 from anemoi_profiler.config import ConfigError
-from anemoi_profiler.integrations.anemoi import AnemoiProfiler, grid_points_counter
+from anemoi_profiler.integrations.anemoi import AnemoiProfiler, grid_points_counter, model_inputs
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import load_run
 from tests.helpers.lightning_models import trainer
@@ -87,3 +88,16 @@ def test_grid_points_without_grid_sizes_come_from_the_grid_dimension() -> None:
 def test_a_wrong_key_fails_when_anemoi_builds_the_callbacks(arguments: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         AnemoiProfiler(**arguments)
+
+
+def test_the_summary_gets_anemoi_s_step_inputs_except_in_a_model_group() -> None:
+    class Task:  # anemoi's `task.get_inputs`: the input time steps of the batch (here the first two)
+        def get_inputs(self, batch: dict[str, torch.Tensor], data_indices: Any) -> dict[str, torch.Tensor]:
+            return {name: tensor[:, :2] for name, tensor in batch.items()}
+
+    module = SimpleNamespace(task=Task(), data_indices=None, model_comm_group_size=1)
+    (inputs,) = model_inputs(module)({"data": torch.zeros(2, 3, 1, 5, 4)})
+    assert inputs["data"].shape == (2, 2, 1, 5, 4)
+    module.model_comm_group_size = 2  # a forward on rank 0 alone would wait for the group's other rank
+    with pytest.raises(RuntimeError, match="model group"):
+        model_inputs(module)({"data": torch.zeros(2, 3, 1, 5, 4)})

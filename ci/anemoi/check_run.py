@@ -6,7 +6,8 @@ metrics and the profiler's `throughput/`, `time/`, `system/` and `summary/` metr
 the independent clock (batch_clock.py) counted after warmup, on every rank; samples/s agrees with that clock
 (see `clock_rates`);
 no second store was written (`./mlruns` of the working directory, `mlflow.db` in the profiler's folder).
-With --detailed also the model summary, the trace windows and report.html.
+With --detailed also the model summary (its forward pass run, its parameters `sum(p.numel())` of anemoi's
+model), the trace windows, the time report and HTA's results.
 """
 
 from __future__ import annotations
@@ -114,20 +115,24 @@ def check(args: argparse.Namespace) -> list[str]:
         problems.append(f"summary/train/samples_per_sec {samples_per_sec:.3f} not within 10 % of the clock's rates")
 
     if args.detailed:
-        problems += check_detailed(report, artifacts, clock, metrics)
+        problems += check_detailed(report, artifacts, clock)
 
     stray = [path for path in (Path(args.workdir) / "mlruns", Path(args.profiler_dir) / "mlflow.db") if path.exists()]
     problems += [f"a second MLflow store was written: {path}" for path in stray]
     return problems
 
 
-def check_detailed(report: dict[str, Any], artifacts: set[str], clock: dict[str, Any], metrics: dict) -> list[str]:
+def check_detailed(report: dict[str, Any], artifacts: set[str], clock: dict[str, Any]) -> list[str]:
     problems = []
-    summary = json.dumps(report["sections"].get("Model summary", {}))
-    print(f"model summary: {summary[:300]}")
-    if f"{clock['model_parameters']:,}" not in summary and str(clock["model_parameters"]) not in summary:
-        problems.append(f"the model summary does not show the model's {clock['model_parameters']:,} parameters")
-    for name in ("model_summary.txt", "traces", "time_report.csv"):
+    summary = report["sections"].get("Model summary", {}).get("data", {})
+    print(f"model summary: {summary}")
+    if summary.get("total params") != clock["model_parameters"]:
+        problems.append(
+            f"model summary: {summary.get('total params')} params, sum(p.numel()) is {clock['model_parameters']}"
+        )
+    if "called as" not in summary:
+        problems.append(f"model summary without its forward pass: {summary.get('static summary because')}")
+    for name in ("model_summary.txt", "traces", "time_report.csv", "hta"):
         if f"profiler/{name}" not in artifacts:
             problems.append(f"artifact profiler/{name} missing")
     return problems

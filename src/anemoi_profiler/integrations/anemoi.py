@@ -4,7 +4,8 @@ anemoi-training builds each entry of `diagnostics.callbacks` with Hydra's `insta
 and its pydantic schema refuses a section of its own (`diagnostics.profiler`). `AnemoiProfiler` takes the
 profiler's config as its arguments (accepted there as they are) and, in `setup`, puts the callbacks of
 `build_callbacks` right after itself in `trainer.callbacks`, so Lightning calls them from that `setup` on, as
-if they had been listed. Grid points are counted per sample over the full grid, also when anemoi shards it.
+if they had been listed. Grid points are counted per sample over the full grid, also when anemoi shards it,
+and the model summary runs the forward pass on the inputs anemoi's step makes of a batch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def grid_points_counter(pl_module: Any) -> Callable[[Any], int]:
     return grid_points
 
 
+def model_inputs(pl_module: Any) -> Callable[[Any], tuple[Any]]:
+    """`input_fn` for the model summary: the inputs anemoi's own step gives its module (`task.get_inputs`).
+
+    The summary runs one forward pass on rank 0 alone; in a model group that forward would wait for the group's
+    other ranks, so there it raises instead, and the summary keeps the parameter counts (saying why).
+    """
+
+    def inputs(batch: Any) -> tuple[Any]:
+        if getattr(pl_module, "model_comm_group_size", 1) > 1:
+            raise RuntimeError("in a model group the forward pass needs every rank of the group")
+        return (pl_module.task.get_inputs(batch, data_indices=pl_module.data_indices),)
+
+    return inputs
+
+
 class AnemoiProfiler(Callback):
     """All the profiler's callbacks from one `diagnostics.callbacks` entry of an anemoi-training config.
 
@@ -61,7 +77,9 @@ class AnemoiProfiler(Callback):
         if self.members:
             return  # a later fit, validate or test of the same trainer: the members are in its list already
         try:
-            self.members = build_callbacks(self.config, length_fn=grid_points_counter(pl_module))
+            self.members = build_callbacks(
+                self.config, length_fn=grid_points_counter(pl_module), input_fn=model_inputs(pl_module)
+            )
         except Exception as error:
             log.warning("anemoi-profiler: not profiling, could not build its callbacks: %s (training goes on)", error)
             return
