@@ -1,0 +1,158 @@
+"""Check what one `anemoi-training train` with the profiler left in anemoi's MLflow store (ci/anemoi/run.sh).
+
+Fails (exit 1, naming each broken promise) unless: the store holds exactly one run, FINISHED, with anemoi's own
+metrics and the profiler's `throughput/`, `time/`, `system/` and `summary/` metrics, its tags, description and
+`profiler/` artifacts; grid points per sample equal the dataset's grid; the measured batches equal the batches
+the independent clock (batch_clock.py) counted after warmup, on every rank; samples/s agrees with that clock
+(see `clock_rates`);
+no second store was written (`./mlruns` of the working directory, `mlflow.db` in the profiler's folder).
+With --detailed also the model summary (its forward pass run, its parameters `sum(p.numel())` of anemoi's
+model), the trace windows, the time report and HTA's results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+
+PROFILER_METRICS = (
+    "throughput/train/samples_per_sec",
+    "throughput/train/items_per_sec",
+    "throughput/val/samples_per_sec",
+    "time/train/step_ms",
+    "time/train/dataloader_wait_ms",
+    "system/cpu_utilization_percentage",
+    "system/system_memory_usage_megabytes",
+    "summary/train/samples_per_sec",
+    "summary/train/items_per_sec",
+)
+ANEMOI_METRICS = ("epoch", "train_multi_dataset_loss_epoch", "val_multi_dataset_loss_epoch")
+TAGS = ("profiler.verdict", "profiler.device", "profiler.world_size", "profiler.strategy", "profiler.precision")
+RATE_TOLERANCE = 0.10
+
+
+def clock_rates(clock: dict[str, Any], warmup: int) -> dict[str, float]:
+    """The two samples/s a profiler may honestly report, by the clock (check: within 10 % of either).
+
+    All-in: samples after the warmup batches over the time from the warmup's end to the last batch, validation
+    taken out (epoch starts, the dataloader's workers starting again, stay in). Steady: the median time between
+    consecutive batches of one epoch with no validation between them. A profiler that folds epoch starts into
+    the step reads the first; one that shows them apart, the second.
+    """
+    batches, validations = clock["batches"], clock["validations"]
+    start, end = batches[warmup - 1]["t"], batches[-1]["t"]
+    validation_s = sum(min(b, end) - max(a, start) for a, b in validations if b > start and a < end)
+    samples = sum(batch["samples"] for batch in batches[warmup:])
+    all_in = samples / (end - start - validation_s)
+    gaps = [
+        (later["t"] - earlier["t"], later["samples"])
+        for earlier, later in itertools.pairwise(batches)
+        if earlier["epoch"] == later["epoch"] and not any(earlier["t"] < a < later["t"] for a, _ in validations)
+    ]
+    steady = statistics.median(samples / gap for gap, samples in gaps)
+    return {"all-in": all_in, "steady": steady}
+
+
+def check(args: argparse.Namespace) -> list[str]:
+    problems: list[str] = []
+    client = MlflowClient(args.tracking_uri)
+    runs = [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])]
+    if len(runs) != 1:
+        return [f"expected exactly one MLflow run in {args.tracking_uri}, found {len(runs)}"]
+    run = runs[0]
+    metrics, tags = run.data.metrics, run.data.tags
+    print(f"run {run.info.run_id}: {run.info.status}, {len(metrics)} metrics")
+    if run.info.status != "FINISHED":
+        problems.append(f"run status {run.info.status}")
+    problems += [f"anemoi's metric {key} missing" for key in ANEMOI_METRICS if key not in metrics]
+    problems += [f"profiler metric {key} missing" for key in PROFILER_METRICS if key not in metrics]
+    problems += [f"tag {key} missing" for key in TAGS if key not in tags]
+    if "anemoi-profiler" not in tags.get("mlflow.note.content", ""):
+        problems.append("the run's description has no anemoi-profiler diagnosis")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        report_file = client.download_artifacts(run.info.run_id, "profiler/report.json", scratch)
+        report = json.loads(Path(report_file).read_text())
+        artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "profiler")}
+    for name in ("config.yaml", "environment.json", "report.txt", "report.json", "report.html"):
+        if f"profiler/{name}" not in artifacts:
+            problems.append(f"artifact profiler/{name} missing")
+
+    clock = json.loads(Path(args.clock).read_text())
+    samples_per_sec = metrics.get("summary/train/samples_per_sec", 0.0)
+    points_per_sample = metrics.get("summary/train/items_per_sec", 0.0) / samples_per_sec if samples_per_sec else 0.0
+    print(f"grid points per sample: {points_per_sample:.3f} (dataset grid {args.grid})")
+    if abs(points_per_sample - args.grid) > 1e-6 * args.grid:
+        problems.append(f"items per sample {points_per_sample:.3f}, not the grid's {args.grid} points")
+
+    throughput = report["sections"].get("Throughput", {}).get("data", {})
+    measured = throughput.get("train/measured_batches")
+    # The batches every rank measured: the clock's (rank 0's) after warmup, on each rank.
+    expected = (len(clock["batches"]) - args.warmup) * clock["world_size"]
+    print(
+        f"measured batches: {measured} (clock: {len(clock['batches'])} trained, {args.warmup} warmup, "
+        f"{clock['world_size']} rank(s))"
+    )
+    if measured != expected:
+        problems.append(f"train/measured_batches {measured}, the clock counted {expected} after warmup")
+
+    rates = clock_rates(clock, args.warmup)
+    closest = min(rates, key=lambda name: abs(samples_per_sec / rates[name] - 1))
+    deviation = samples_per_sec / rates[closest] - 1
+    print(
+        f"samples/s: profiler {samples_per_sec:.3f}; clock all-in {rates['all-in']:.3f}, steady {rates['steady']:.3f}"
+        f" (profiler {deviation:+.1%} from the {closest} rate, {RATE_TOLERANCE:.0%} allowed)"
+    )
+    if abs(deviation) > RATE_TOLERANCE:
+        problems.append(f"summary/train/samples_per_sec {samples_per_sec:.3f} not within 10 % of the clock's rates")
+
+    if args.detailed:
+        problems += check_detailed(report, artifacts, clock)
+
+    stray = [path for path in (Path(args.workdir) / "mlruns", Path(args.profiler_dir) / "mlflow.db") if path.exists()]
+    problems += [f"a second MLflow store was written: {path}" for path in stray]
+    return problems
+
+
+def check_detailed(report: dict[str, Any], artifacts: set[str], clock: dict[str, Any]) -> list[str]:
+    problems = []
+    summary = report["sections"].get("Model summary", {}).get("data", {})
+    print(f"model summary: {summary}")
+    if summary.get("total params") != clock["model_parameters"]:
+        problems.append(
+            f"model summary: {summary.get('total params')} params, sum(p.numel()) is {clock['model_parameters']}"
+        )
+    if "called as" not in summary:
+        problems.append(f"model summary without its forward pass: {summary.get('static summary because')}")
+    for name in ("model_summary.txt", "traces", "time_report.csv", "hta"):
+        if f"profiler/{name}" not in artifacts:
+            problems.append(f"artifact profiler/{name} missing")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tracking-uri", required=True, help="anemoi's MLflow store (file: URI in offline mode)")
+    parser.add_argument("--clock", required=True, help="the JSON file batch_clock.py wrote")
+    parser.add_argument("--workdir", required=True, help="the working directory of the training")
+    parser.add_argument("--profiler-dir", required=True, help="the profiler's output_dir")
+    parser.add_argument("--grid", type=int, default=288, help="grid points of the dataset")
+    parser.add_argument("--warmup", type=int, default=5, help="the profiler's throughput.warmup_steps")
+    parser.add_argument("--detailed", action="store_true", help="the run used the detailed preset")
+    problems = check(parser.parse_args())
+    for problem in problems:
+        print(f"FAIL: {problem}")
+    print("anemoi-e2e: OK" if not problems else f"anemoi-e2e: {len(problems)} problem(s)")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Ways into other training frameworks: `anemoi` (anemoi-training)."""
