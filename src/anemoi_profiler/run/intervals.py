@@ -92,6 +92,10 @@ class RankTotals:
     peak_allocated_mb: float = 0.0
     peak_reserved_mb: float = 0.0
     cpu_rss_mb: float = 0.0
+    requested_steps: float = 0.0
+    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
+    requested_ranks: float = 0.0
+    """Its ranks as a bit mask; 0: the configured profiled ranks."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):

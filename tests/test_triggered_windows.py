@@ -1,0 +1,164 @@
+"""Triggered profiling windows in real CPU fits: a run that becomes slower gets a `drift` window right after,
+laid out as scheduled windows are, and listed with its evidence in windows.json; a steady run gets none."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.cli.main import main
+from anemoi_profiler.layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE, run_folders, trace_path
+from anemoi_profiler.profiling.traces import read_trace
+from tests.helpers.jobs import example, only_run_folder, run_ok, trace_ranks
+from tests.helpers.lightning_models import TinyRegressor, loaders
+
+STEP_SLEEP_S = 0.02
+LOG_EVERY = 10
+
+
+class SlowingModel(TinyRegressor):
+    """Sleeps `sleep_s` per training step, `slowdown` times as long from `slow_from` on."""
+
+    def __init__(self, slow_from: int | None, slowdown: float = 1.3, sleep_s: float = STEP_SLEEP_S) -> None:
+        super().__init__(step_sleep_s=sleep_s)
+        self.slow_from = slow_from
+        self.slowdown = slowdown
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.slow_from is not None and self.global_step >= self.slow_from:
+            time.sleep(self.step_sleep_s * (self.slowdown - 1))
+        return super().training_step(batch, batch_idx)
+
+
+def triggered_fit(tmp_path: Path, model: SlowingModel, steps: int, *overrides: str) -> Path:
+    config = ProfilerConfig.load(
+        None,
+        [
+            f"output_dir={tmp_path}",
+            "system.enabled=false",
+            "tracking.enabled=false",
+            "report.console=false",
+            f"log_every_n_steps={LOG_EVERY}",
+            "throughput.warmup_steps=2",
+            "triggers.enabled=true",
+            "triggers.warmup_intervals=1",
+            *overrides,
+        ],
+    )
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=build_callbacks(config),
+    )
+    trainer.fit(model, loaders(n_train=steps * 16)[0])
+    (run_dir,) = run_folders(tmp_path)
+    return run_dir
+
+
+def windows(run_dir: Path) -> list[dict[str, Any]]:
+    return json.loads((run_dir / WINDOWS_FILE).read_text())["windows"]
+
+
+def test_a_run_that_becomes_30_percent_slower_gets_a_drift_window_right_after(tmp_path: Path) -> None:
+    slow_from = 100
+    run_dir = triggered_fit(tmp_path, SlowingModel(slow_from), 170)
+
+    (window,) = windows(run_dir)
+    assert window["reason"] == "drift" and window["stage"] == "train" and window["ranks"] == [0]
+    # caught within 2 log intervals of the change: decided at the end of the second slower interval at the latest
+    assert slow_from < window["decided_at_step"] <= slow_from + 2 * LOG_EVERY + 2
+    assert window["start_batch"] == window["decided_at_step"] + 1  # the next batch is the profiler's warmup
+    evidence = window["evidence"]
+    assert evidence["value"] > evidence["threshold"] > evidence["baseline_median"]
+    # the least of the confirming intervals: the first may straddle the change
+    assert 1.05 < evidence["value"] / evidence["baseline_median"] < 1.45
+    trace = read_trace(trace_path(run_dir, "train", window["window"], 0))
+    assert trace["distributedInfo"]["rank"] == 0
+    steps = {e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert len(steps) == 3
+    report = json.loads((run_dir / "report.json").read_text())["sections"]["Profiling windows"]
+    assert report["rows"][0][5] == "drift"
+
+
+@pytest.mark.slow
+def test_a_steady_run_of_1200_steps_gets_no_triggered_window(tmp_path: Path) -> None:
+    # A longer sleep than above: the CPU work around it, which the other jobs of a shared machine slow down for
+    # seconds at a time (a real slowdown the detector would report), is a smaller share of the step.
+    run_dir = triggered_fit(tmp_path, SlowingModel(None, sleep_s=0.04), 1200, "log_every_n_steps=40")
+    assert windows(run_dir) == []
+    assert not (run_dir / "traces").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_that_starts_to_lag_gets_a_slow_rank_window_on_it_and_rank_0(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    output_dir.mkdir()
+    flags = ["--devices=2", f"--output-dir={output_dir}", "--max-steps=110", "--batch-size=8"]
+    lagging = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=60"]
+    overrides = ["log_every_n_steps=8", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
+    run_ok(example(*flags, *lagging, *overrides, "triggers.enabled=true", "triggers.warmup_intervals=1"), tmp_path)
+    run_dir = only_run_folder(output_dir)
+
+    (window,) = windows(run_dir)
+    assert window["reason"] == "slow-rank" and window["ranks"] == [0, 1]
+    assert 60 < window["decided_at_step"] <= 60 + 2 * 8 + 2
+    assert trace_ranks(run_dir) == {f"train/window_{window['window']}": [0, 1]}
+    assert window["evidence"]["value"] > window["evidence"]["threshold"]
+
+
+def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Path) -> None:
+    answers: list[int] = []
+
+    def request_when_running() -> None:
+        deadline = time.monotonic() + 60
+        while not run_folders(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # well into training
+        answers.append(main(["request", str(run_folders(tmp_path)[0]), "--steps=2", "--ranks=0", "--wait=30"]))
+
+    requester = threading.Thread(target=request_when_running)
+    requester.start()
+    run_dir = triggered_fit(tmp_path, SlowingModel(None), 300, "triggers.request_poll_s=0.2", "triggers.drift=false")
+    requester.join()
+
+    assert answers == [0]
+    (window,) = windows(run_dir)
+    assert window["reason"] == "request" and window["steps"] == 2 and window["ranks"] == [0]
+    request = json.loads((run_dir / REQUEST_FILE).read_text())
+    assert request["id"] == window["request"]
+    assert (request["served_window"], request["served_at_step"]) == (window["window"], window["start_batch"])
+    trace = read_trace(trace_path(run_dir, "train", window["window"], 0))
+    steps = sorted(e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    assert steps == [f"ProfilerStep#{window['start_batch']}", f"ProfilerStep#{window['start_batch'] + 1}"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["--steps=0"], "--steps: got 0"), (["--ranks=0,x"], "--ranks: got '0,x'"), (["--ranks=60"], "--ranks: got [60]")],
+)
+def test_request_refuses_bad_input_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    (tmp_path / CONFIG_FILE).write_text("{}\n")
+    assert main(["request", str(tmp_path), *arguments]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / REQUEST_FILE).exists()
+
+
+def test_request_refuses_a_folder_that_is_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["request", str(tmp_path)]) == 1
+    assert "is not a run folder" in capsys.readouterr().err
