@@ -17,7 +17,10 @@ from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE, run_folders, trace_path
 from anemoi_profiler.profiling.traces import read_trace
-from tests.helpers.jobs import example, only_run_folder, run_ok, trace_ranks
+from anemoi_profiler.reports.description import run_description
+from anemoi_profiler.reports.diagnosis import assess
+from anemoi_profiler.reports.run_data import load_run
+from tests.helpers.jobs import example, only_run, only_run_folder, run_ok, trace_ranks
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 STEP_SLEEP_S = 0.02
@@ -92,6 +95,9 @@ def test_a_run_that_becomes_30_percent_slower_gets_a_drift_window_right_after(tm
     assert len(steps) == 3
     report = json.loads((run_dir / "report.json").read_text())["sections"]["Profiling windows"]
     assert report["rows"][0][5] == "drift"
+    run = load_run(run_dir)
+    description = run_description(run, assess(run), "report.html")
+    assert f"train window {window['window']} (drift) at batch {window['start_batch']} on ranks 0" in description
 
 
 @pytest.mark.slow
@@ -132,7 +138,8 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
 
     requester = threading.Thread(target=request_when_running)
     requester.start()
-    run_dir = triggered_fit(tmp_path, SlowingModel(None), 300, "triggers.request_poll_s=0.2", "triggers.drift=false")
+    overrides = ["triggers.request_poll_s=0.2", "triggers.drift=false", "tracking.enabled=true"]
+    run_dir = triggered_fit(tmp_path, SlowingModel(None), 300, *overrides)
     requester.join()
 
     assert answers == [0]
@@ -144,6 +151,9 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
     trace = read_trace(trace_path(run_dir, "train", window["window"], 0))
     steps = sorted(e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
     assert steps == [f"ProfilerStep#{window['start_batch']}", f"ProfilerStep#{window['start_batch'] + 1}"]
+    mlflow_run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert mlflow_run.data.tags["profiler.triggers"] == "armed: memory, requests; triggered windows left: 3"
+    assert f"train window {window['window']} (request)" in mlflow_run.data.tags["mlflow.note.content"]
 
 
 @pytest.mark.parametrize(

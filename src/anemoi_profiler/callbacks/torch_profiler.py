@@ -82,6 +82,7 @@ class TorchProfilerCallback(ProfilerCallback):
         self._scheduled_spans = dict(self._spans)
         if self.session.is_global_zero:
             self.session.after_release(self._list_windows)
+        self._publish_status()
         self._batches = dict.fromkeys(STAGES, 0)  # train: over the whole fit; val: in this validation run
         self._val_profiled = False
         self._val_length_checked = False
@@ -229,8 +230,7 @@ class TorchProfilerCallback(ProfilerCallback):
             self._triggered = plan
         else:
             self._windows.number_next_window("train", plan.window + 1)
-        if self.session.is_global_zero and self.session.sink is not None:
-            self.session.sink.set_tags({TRIGGERS_TAG: self._watch.status()})
+        self._publish_status()
 
     def _list_windows(self) -> ReportSection | None:
         """Rank 0, after the other ranks wrote their traces: windows.json and the report's list of windows."""
@@ -239,9 +239,13 @@ class TorchProfilerCallback(ProfilerCallback):
         active = {stage: schedule.active for stage, schedule in self._configured_schedules().items()}
         entries = window_entries(self.session.run_dir, plans, active)
         write_windows(self.session.run_dir, entries)
-        if self._watch is not None and self.session.sink is not None:
-            self.session.sink.set_tags({TRIGGERS_TAG: self._watch.status()})
+        self._publish_status()
         return windows_section(entries)
+
+    def _publish_status(self) -> None:
+        """Rank 0: the run's `profiler.triggers` tag says what is armed, the windows left, the last trigger."""
+        if self._watch is not None and self.session.is_global_zero and self.session.sink is not None:
+            self.session.sink.set_tags({TRIGGERS_TAG: self._watch.status()})
 
     def _configured_schedules(self) -> dict[str, WindowSchedule]:
         return {stage: WindowSchedule.from_config(getattr(self.config.profiler, stage)) for stage in STAGES}

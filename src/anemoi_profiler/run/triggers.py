@@ -19,6 +19,7 @@ from typing import Any
 from ..config import ProfilerConfig
 from ..layout import TRACE_SUFFIX, TRACES_DIR, WINDOWS_FILE
 from ..report import ReportSection
+from ..reports.description import WINDOWS_SECTION
 from ..triggers.detector import (
     DriftDetector,
     Evidence,
@@ -203,7 +204,7 @@ def windows_section(entries: list[dict[str, Any]]) -> ReportSection | None:
     ]  # fmt: skip
     triggered = sum(entry["reason"] != "schedule" for entry in entries)
     return ReportSection(
-        "Profiling windows",
+        WINDOWS_SECTION,
         ["stage", "window", "start batch", "steps", "ranks", "reason", "evidence"],
         rows,
         data={"windows": entries},
