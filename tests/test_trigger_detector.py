@@ -140,7 +140,8 @@ def test_slow_rank_names_the_culprit_a_median_rank_and_rank_0() -> None:
 
 def test_memory_climb_fires_on_the_climbing_rank_only() -> None:
     rng = random.Random(9)
-    detector = MemoryClimbDetector(intervals=5, min_growth=0.05)
+    detector = MemoryClimbDetector(warmup=2, intervals=5, min_growth=0.05)
+    assert detector.feed([1000.0, 1000.0]) is None and detector.feed([2000.0, 2000.0]) is None  # warmup
     for _ in range(1_000):  # resident memory with noise, stationary
         assert detector.feed([2000 + rng.gauss(0, 10), 2000 + rng.gauss(0, 10)]) is None
     fired = [detector.feed([2000 + rng.gauss(0, 10), 2000 + 30.0 * i]) for i in range(1, 8)]

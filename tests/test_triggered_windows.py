@@ -20,7 +20,7 @@ from anemoi_profiler.profiling.traces import read_trace
 from anemoi_profiler.reports.description import run_description
 from anemoi_profiler.reports.diagnosis import assess
 from anemoi_profiler.reports.run_data import load_run
-from tests.helpers.jobs import example, only_run, only_run_folder, run_ok, trace_ranks
+from tests.helpers.jobs import JOB_TIMEOUT_S, example, only_run, only_run_folder, run_jobs, run_ok, trace_ranks
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 STEP_SLEEP_S = 0.02
@@ -172,3 +172,21 @@ def test_request_refuses_bad_input_with_one_line(
 def test_request_refuses_a_folder_that_is_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["request", str(tmp_path)]) == 1
     assert "is not a run folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_rank_dying_inside_a_triggered_window_ends_the_job_without_a_hang(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    output_dir.mkdir()
+    flags = ["--devices=2", f"--output-dir={output_dir}", "--max-steps=120", "--batch-size=8"]
+    # rank 1 lags from step 30 (a window of 40 steps opens by step 40) and raises at step 60, inside it
+    faults = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=30", "--fail-on-rank=1", "--fail-at-step=60"]
+    overrides = ["log_every_n_steps=4", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
+    triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.steps=40", "distributed.timeout_s=20"]
+    started = time.monotonic()
+    [(returncode, output)] = run_jobs([example(*flags, *faults, *overrides, *triggers)], tmp_path)
+
+    assert returncode != 0 and "injected failure on rank 1" in output, output[-6000:]
+    assert time.monotonic() - started < JOB_TIMEOUT_S - 30, output[-6000:]
+    (window,) = windows(only_run_folder(output_dir))
+    assert window["reason"] == "slow-rank" and window["start_batch"] < 60 < window["start_batch"] + 40

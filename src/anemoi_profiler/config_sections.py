@@ -192,7 +192,9 @@ class TriggersConfig:
         "Trigger when one rank becomes the one the others wait for (reason 'slow-rank'; needs distributed.straggler).",
     )
     memory: bool = _opt(True, "Trigger when a rank's peak memory rises interval after interval (reason 'memory').")
-    warmup_intervals: int = _opt(2, "Log intervals after throughput.warmup_steps that no baseline uses.")
+    warmup_intervals: int = _opt(
+        2, "Log intervals after throughput.warmup_steps that no baseline uses and no memory climb counts."
+    )
     baseline_intervals: int = _opt(
         20, "Recent in-control log intervals a baseline (median and MAD) keeps; 5 are needed before a trigger fires."
     )

@@ -100,7 +100,8 @@ class TorchProfilerCallback(ProfilerCallback):
     @guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._watch is not None and self._watch.pending is not None and self._recorders["train"] is None:
-            self._open_triggered(self._batches["train"])
+            with self.session.own_work.measure():  # answering a request writes a file: not training time
+                self._open_triggered(self._batches["train"])
         start, end = self._spans["train"]
         if start <= self._batches["train"] < end:
             self._begin_batch("train")

@@ -88,7 +88,11 @@ class TriggerWatch:
             if options.slow_rank and world_size > 1
             else None
         )
-        memory = MemoryClimbDetector(options.memory_intervals, options.min_memory_growth) if options.memory else None
+        memory = (
+            MemoryClimbDetector(options.warmup_intervals, options.memory_intervals, options.min_memory_growth)
+            if options.memory
+            else None
+        )
         triggers = Triggers(drift, slow_rank, memory, options.cooldown_steps, options.max_windows)
         poller = RequestPoller(run_dir, options.request_poll_s) if options.requests and rank == 0 else None
         return cls(triggers, config, world_size, poller, run_dir)

@@ -180,13 +180,17 @@ def _ranks_to_record(culprit: int, waits_ms: list[float]) -> tuple[int, ...]:
 class MemoryClimbDetector:
     """Peak memory rising interval after interval on some ranks."""
 
-    def __init__(self, intervals: int, min_growth: float) -> None:
+    def __init__(self, warmup: int, intervals: int, min_growth: float) -> None:
+        self._warmup_left = warmup
         self._intervals = intervals
         self._min_growth = min_growth
         self._history: dict[int, deque[float]] = {}
 
     def feed(self, peaks_mb: list[float]) -> Trigger | None:
         """`peaks_mb`: each rank's peak memory in the interval (allocated on a GPU, else resident), by rank."""
+        if self._warmup_left > 0:  # caches and allocator pools fill up first
+            self._warmup_left -= 1
+            return None
         climbing: list[tuple[float, int, float, float]] = []  # (growth, rank, first, last)
         for rank, peak in enumerate(peaks_mb):
             if peak <= 0:
