@@ -24,13 +24,14 @@ from tests.helpers.jobs import JOB_TIMEOUT_S, example, only_run, only_run_folder
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 STEP_SLEEP_S = 0.02
-LOG_EVERY = 10
+LOG_EVERY = 20
 
 
 class SlowingModel(TinyRegressor):
-    """Sleeps `sleep_s` per training step, `slowdown` times as long from `slow_from` on."""
+    """Sleeps `sleep_s` per training step, `slowdown` times as long from `slow_from` on: with the rest of the
+    step (about 6 ms here), 1.4 times the sleep makes the step about 30 % slower."""
 
-    def __init__(self, slow_from: int | None, slowdown: float = 1.3, sleep_s: float = STEP_SLEEP_S) -> None:
+    def __init__(self, slow_from: int | None, slowdown: float = 1.4, sleep_s: float = STEP_SLEEP_S) -> None:
         super().__init__(step_sleep_s=sleep_s)
         self.slow_from = slow_from
         self.slowdown = slowdown
@@ -77,8 +78,8 @@ def windows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_a_run_that_becomes_30_percent_slower_gets_a_drift_window_right_after(tmp_path: Path) -> None:
-    slow_from = 100
-    run_dir = triggered_fit(tmp_path, SlowingModel(slow_from), 170)
+    slow_from = 140
+    run_dir = triggered_fit(tmp_path, SlowingModel(slow_from), 220)
 
     (window,) = windows(run_dir)
     assert window["reason"] == "drift" and window["stage"] == "train" and window["ranks"] == [0]
@@ -116,7 +117,9 @@ def test_a_rank_that_starts_to_lag_gets_a_slow_rank_window_on_it_and_rank_0(tmp_
     flags = ["--devices=2", f"--output-dir={output_dir}", "--max-steps=110", "--batch-size=8"]
     lagging = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=60"]
     overrides = ["log_every_n_steps=8", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
-    run_ok(example(*flags, *lagging, *overrides, "triggers.enabled=true", "triggers.warmup_intervals=1"), tmp_path)
+    # drift off: 8-step intervals on a busy machine vary too much to say which trigger fires first
+    triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false"]
+    run_ok(example(*flags, *lagging, *overrides, *triggers), tmp_path)
     run_dir = only_run_folder(output_dir)
 
     (window,) = windows(run_dir)
@@ -182,9 +185,10 @@ def test_a_rank_dying_inside_a_triggered_window_ends_the_job_without_a_hang(tmp_
     # rank 1 lags from step 30 (a window of 40 steps opens by step 40) and raises at step 60, inside it
     faults = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=30", "--fail-on-rank=1", "--fail-at-step=60"]
     overrides = ["log_every_n_steps=4", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
-    triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.steps=40", "distributed.timeout_s=20"]
+    triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false", "triggers.steps=40"]
     started = time.monotonic()
-    [(returncode, output)] = run_jobs([example(*flags, *faults, *overrides, *triggers)], tmp_path)
+    command = example(*flags, *faults, *overrides, *triggers, "distributed.timeout_s=20")
+    [(returncode, output)] = run_jobs([command], tmp_path)
 
     assert returncode != 0 and "injected failure on rank 1" in output, output[-6000:]
     assert time.monotonic() - started < JOB_TIMEOUT_S - 30, output[-6000:]

@@ -231,17 +231,23 @@ class TorchProfilerCallback(ProfilerCallback):
             self._triggered = plan
         else:
             self._windows.number_next_window("train", plan.window + 1)
+        if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
+            self._write_windows()
         self._publish_status()
 
     def _list_windows(self) -> ReportSection | None:
         """Rank 0, after the other ranks wrote their traces: windows.json and the report's list of windows."""
+        entries = self._write_windows()
+        self._publish_status()
+        return windows_section(entries)
+
+    def _write_windows(self) -> list[dict[str, Any]]:
         assert self.session.run_dir is not None
         plans = self._watch.plans if self._watch is not None else []
         active = {stage: schedule.active for stage, schedule in self._configured_schedules().items()}
         entries = window_entries(self.session.run_dir, plans, active)
         write_windows(self.session.run_dir, entries)
-        self._publish_status()
-        return windows_section(entries)
+        return entries
 
     def _publish_status(self) -> None:
         """Rank 0: the run's `profiler.triggers` tag says what is armed, the windows left, the last trigger."""
