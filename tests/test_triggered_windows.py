@@ -3,6 +3,7 @@ laid out as scheduled windows are, and listed with its evidence in windows.json;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli.main import main
@@ -194,3 +196,36 @@ def test_a_rank_dying_inside_a_triggered_window_ends_the_job_without_a_hang(tmp_
     assert time.monotonic() - started < JOB_TIMEOUT_S - 30, output[-6000:]
     (window,) = windows(only_run_folder(output_dir))
     assert window["reason"] == "slow-rank" and window["start_batch"] < 60 < window["start_batch"] + 40
+
+
+@pytest.mark.slow
+def test_a_request_through_the_mlflow_run_tag_gets_its_window(tmp_path: Path) -> None:
+    """The laptop's way: only the tracking server is shared; the job's MLflow sender relays the tag."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    answers: list[int] = []
+
+    def request_through_mlflow() -> None:
+        deadline = time.monotonic() + 60
+        runs: list[Any] = []
+        while not runs and time.monotonic() < deadline:
+            time.sleep(0.5)
+            with contextlib.suppress(Exception):  # the store may not exist yet
+                client = MlflowClient(uri)
+                runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        answers.append(main(["request", runs[0].info.run_id, f"--tracking-uri={uri}", "--steps=2", "--wait=40"]))
+
+    requester = threading.Thread(target=request_through_mlflow)
+    requester.start()
+    overrides = ["triggers.request_poll_s=0.2", "triggers.drift=false", "tracking.enabled=true"]
+    run_dir = triggered_fit(tmp_path, SlowingModel(None), 900, *overrides, "tracking.flush_interval_s=1")
+    requester.join()
+
+    assert answers == [0]
+    (window,) = windows(run_dir)
+    assert window["reason"] == "request" and window["steps"] == 2
+    served = json.loads(only_run(uri).data.tags["profiler.request_served"])
+    assert (served["id"], served["window"], served["batch"]) == (
+        window["request"],
+        window["window"],
+        window["start_batch"],
+    )

@@ -26,6 +26,7 @@ from ..run.intervals import STAGES
 from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
 from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
+from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,8 @@ class TorchProfilerCallback(ProfilerCallback):
             self._windows.number_next_window("train", plan.window + 1)
         if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
             self._write_windows()
+            if plan.request is not None and self.session.sink is not None:
+                self.session.sink.set_tags({SERVED_TAG: served_tag(plan.request)})
         self._publish_status()
 
     def _list_windows(self) -> ReportSection | None:

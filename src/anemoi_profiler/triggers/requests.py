@@ -21,6 +21,10 @@ from ..layout import REQUEST_FILE
 
 log = logging.getLogger(__name__)
 
+REQUEST_TAG = "profiler.request"
+"""The MLflow run tag through which `anemoi-profiler request <run id>` asks (the request as JSON)."""
+SERVED_TAG = "profiler.request_served"
+"""The tag through which the job answers: the request's id, the window and the batch it was served at."""
 MAX_REQUESTED_RANK = 52
 """Ranks of a request travel as a bit mask in one float64 of the rank exchange: ranks 0 to 52."""
 
@@ -37,15 +41,35 @@ class WindowRequest:
     served_at_step: int | None = None
 
 
-def write_request(run_dir: Path, steps: int, ranks: list[int]) -> WindowRequest:
-    """Ask the job writing `run_dir` for a window; replaces an earlier request that was not served yet."""
+def new_request(steps: int, ranks: list[int]) -> WindowRequest:
+    """A request for a window of `steps` batches on `ranks`; ValueError naming the bad option."""
     if steps < 1:
         raise ValueError(f"--steps: got {steps}, expected an integer >= 1")
     if any(rank < 0 or rank > MAX_REQUESTED_RANK for rank in ranks):
         raise ValueError(f"--ranks: got {ranks}, expected global ranks from 0 to {MAX_REQUESTED_RANK}")
-    request = WindowRequest(uuid.uuid4().hex[:12], steps, sorted(set(ranks)), time.time())
+    return WindowRequest(uuid.uuid4().hex[:12], steps, sorted(set(ranks)), time.time())
+
+
+def write_request(run_dir: Path, request: WindowRequest) -> None:
+    """Ask the job writing `run_dir` for a window; replaces an earlier request that was not served yet."""
     _write(run_dir, request)
-    return request
+
+
+def relay_tag(run_dir: Path, tag: str) -> None:
+    """The request of a `profiler.request` tag into the run folder, unless it is there already (the sender
+    process of rank 0 relays it, so that a request from a laptop that reaches only MLflow takes the file's way)."""
+    try:
+        request = WindowRequest(**json.loads(tag))
+    except (ValueError, TypeError) as error:
+        log.warning("anemoi-profiler: ignoring the run's %s tag: %s", REQUEST_TAG, error)
+        return
+    current = read_request(run_dir)
+    if current is None or current.id != request.id:
+        _write(run_dir, request)
+
+
+def served_tag(request: WindowRequest) -> str:
+    return json.dumps({"id": request.id, "window": request.served_window, "batch": request.served_at_step})
 
 
 def read_request(run_dir: Path) -> WindowRequest | None:
@@ -59,8 +83,8 @@ def read_request(run_dir: Path) -> WindowRequest | None:
         return None
 
 
-def mark_served(run_dir: Path, request: WindowRequest, window: int, step: int) -> None:
-    request.served_window, request.served_at_step = window, step
+def mark_served(run_dir: Path, request: WindowRequest, window: int, batch: int) -> None:
+    request.served_window, request.served_at_step = window, batch
     _write(run_dir, request)
 
 
