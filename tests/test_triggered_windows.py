@@ -13,15 +13,15 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE, run_folders, trace_path
+from anemoi_profiler.layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE, run_folders, spool_dirs, trace_path
 from anemoi_profiler.profiling.traces import read_trace
 from anemoi_profiler.reports.description import run_description
 from anemoi_profiler.reports.diagnosis import assess
 from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.tracking.spool import read_run_info
 from tests.helpers.jobs import JOB_TIMEOUT_S, example, only_run, only_run_folder, run_jobs, run_ok, trace_ranks
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
@@ -206,18 +206,19 @@ def test_a_request_through_the_mlflow_run_tag_gets_its_window(tmp_path: Path) ->
 
     def request_through_mlflow() -> None:
         deadline = time.monotonic() + 60
-        runs: list[Any] = []
-        while not runs and time.monotonic() < deadline:
+        run_id = None
+        while run_id is None and time.monotonic() < deadline:  # the job's run id, once its sender created the run
             time.sleep(0.5)
-            with contextlib.suppress(Exception):  # the store may not exist yet
-                client = MlflowClient(uri)
-                runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-        answers.append(main(["request", runs[0].info.run_id, f"--tracking-uri={uri}", "--steps=2", "--wait=40"]))
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                run_id = read_run_info(spool_dirs(run_folders(tmp_path)[0])[0]).get("run_id")
+        answers.append(main(["request", str(run_id), f"--tracking-uri={uri}", "--steps=2", "--wait=40"]))
 
     requester = threading.Thread(target=request_through_mlflow)
     requester.start()
     overrides = ["triggers.request_poll_s=0.2", "triggers.drift=false", "tracking.enabled=true"]
-    run_dir = triggered_fit(tmp_path, SlowingModel(None), 900, *overrides, "tracking.flush_interval_s=1")
+    # the test's client and the job share one sqlite file: a send that finds it locked is retried a second later
+    sending = ["tracking.flush_interval_s=1", "tracking.retry_interval_s=1"]
+    run_dir = triggered_fit(tmp_path, SlowingModel(None), 900, *overrides, *sending)
     requester.join()
 
     assert answers == [0]

@@ -153,8 +153,11 @@ class MlflowTarget:
             batch.terminate = None
 
     def relay_request(self) -> None:
-        """Rank 0's sender, during the run: a window request in the run's tags goes to the run folder's file."""
-        if self.spool_dir.name != "rank0" or not self.run_id or time.monotonic() - self._relayed_at < RELAY_INTERVAL_S:
+        """Rank 0's sender with triggers on, during the run: a window request in the run's tags goes to the run
+        folder's file."""
+        if not self.info.get("relay_requests") or not self.run_id:
+            return
+        if time.monotonic() - self._relayed_at < RELAY_INTERVAL_S:
             return
         self._relayed_at = time.monotonic()
         try:  # never a failed send for it: the batch went through
