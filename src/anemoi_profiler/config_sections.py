@@ -210,7 +210,11 @@ class TriggersConfig:
     profiler_warmup: int = _opt(1, "Batches traced but discarded before them.")
     cooldown_steps: int = _opt(500, "Training steps after a triggered window before the next may open.")
     max_windows: int = _opt(3, "Triggered windows per run at most (requested windows do not count).")
-    requests: bool = _opt(True, "Serve windows asked for with `anemoi-profiler request` (rank 0 polls the run folder).")
+    requests: bool = _opt(
+        True,
+        "Serve windows asked for with `anemoi-profiler request`: rank 0 polls the run folder, its MLflow sender the "
+        "run's profiler.request tag.",
+    )
     request_poll_s: float = _opt(5.0, "Seconds between rank 0's looks for a request file (off the training thread).")
 
 
