@@ -89,6 +89,16 @@ def synthetic_data(samples: int, seed: int) -> TensorDataset:
     return TensorDataset(x, x.sum(dim=1, keepdim=True))
 
 
+class SlowWorkerStart:
+    """A DataLoader `worker_init_fn` that takes `delay_s`: a worker opening a large dataset."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, worker_id: int) -> None:
+        time.sleep(self.delay_s)
+
+
 class SlowBatches:
     """Collates like the default, `delay_s` slower on global rank `rank`: one rank's slow input pipeline."""
 
@@ -124,6 +134,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-data-ms", type=float, default=60.0, help="extra time per batch of --slow-data-rank")
     parser.add_argument(
         "--same-samples", action="store_true", help="every rank trains on every sample (no DistributedSampler)"
+    )
+    parser.add_argument("--epochs", type=int, default=1, help="epochs the max_steps are split into")
+    parser.add_argument(
+        "--worker-start-ms",
+        type=float,
+        help="give the training DataLoader one worker, started again every epoch, that takes this long to start",
     )
     parser.add_argument("--save-weights", help="rank 0 saves the trained weights to this file (torch.save)")
     parser.add_argument("--fail-on-rank", type=int, help="global rank that raises in training_step")
@@ -178,11 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     config = profiler_config(args)
     torch.manual_seed(0)
     world_size = args.devices * args.num_nodes
-    # One epoch of exactly max_steps batches per rank, then one validation run.
-    batches = args.max_steps * args.accumulate
+    # `epochs` epochs of max_steps batches per rank in all, each followed by one validation run.
+    batches = args.max_steps * args.accumulate // args.epochs
     collate = SlowBatches(args.slow_data_rank, args.slow_data_ms / 1000) if args.slow_data_rank is not None else None
     train_set = synthetic_data(batches * args.batch_size * world_size, seed=0)
-    train = DataLoader(train_set, args.batch_size, collate_fn=collate)
+    workers: dict[str, Any] = {}
+    if args.worker_start_ms is not None:
+        workers = {"num_workers": 1, "worker_init_fn": SlowWorkerStart(args.worker_start_ms / 1000)}
+    train = DataLoader(train_set, args.batch_size, collate_fn=collate, **workers)
     val = DataLoader(synthetic_data(args.val_batches * args.batch_size * world_size, seed=1), args.batch_size)
     trainer = pl.Trainer(
         accelerator="cpu",

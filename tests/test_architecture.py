@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler import layout
+from tests.conftest import FIXTURES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anemoi_profiler"
 MAX_MODULE_LINES = 450
@@ -98,6 +99,7 @@ def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
         ["--help"],
         ["sync", "--help"],
         ["analyze", "--help"],
+        ["summarize", str(FIXTURES / "traces" / "hta_sampled_2rank")],
         ["report", "--help"],
         ["compare", "--help"],
         ["sync", "no-such-folder"],

@@ -103,8 +103,8 @@ class RowClasses(HTMLParser):
 
 
 def test_errors_are_one_line(fast_and_slow: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert compare_command.run(compare_args(str(fast_and_slow[0]), str(tmp_path))) == 1
-    assert compare_command.run(compare_args(str(fast_and_slow[0]), "no-such-run")) == 1
+    assert compare_command.run(compare_args(str(fast_and_slow[0]), str(tmp_path))) == 2
+    assert compare_command.run(compare_args(str(fast_and_slow[0]), "no-such-run")) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"anemoi-profiler compare: {tmp_path} is not a run folder: none of report.json, metrics.json, "
         "environment.json in it",

@@ -60,6 +60,8 @@ def test_layer_norm_end_to_end(tmp_path: Path) -> None:
     assert report["header"]["inputs"] == "(16, 256) float32"
     assert report["sections"]["Component"]["data"]["steps"] == 7
     assert report["sections"]["Torch profiler"]["data"]["component windows"] == 2
+    summary = json.loads((run_dir / "window_summaries/component/window_1/window_summary.json").read_text())
+    assert [rank["steps"] for rank in summary["ranks"]] == [2.0]  # the window summary, as in a fit
 
 
 def test_a_plain_function_in_bfloat16_forward_only(tmp_path: Path) -> None:

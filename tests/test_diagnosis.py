@@ -8,6 +8,7 @@ is dataloader-bound, a compute-bound step is not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.cli.summarize import summarize_folder
+from anemoi_profiler.layout import run_folders, window_summary_path
 from anemoi_profiler.reports.diagnosis import (
     NotAssessed,
     Verdict,
@@ -170,6 +172,33 @@ def test_communication_bound_from_htas_overlap() -> None:
     assert verdict.severity == "high"
     assert "communication kernels 56% of GPU kernel time; 16% of communication time overlaps" in verdict.value
     assert "least: rank 0, 12%" in verdict.value
+
+
+def summarized_run(tmp_path: Path, fixtures_dir: Path, traces: str, summary: dict[str, float]) -> RunData:
+    """A run folder without HTA whose training window has the window summary of a fixture's traces."""
+    table = summarize_folder(fixtures_dir / "traces" / traces)
+    path = window_summary_path(tmp_path, "train", 0, ".json")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(table.to_json()))
+    return dataclasses.replace(run_with(summary, H200), folder=tmp_path)
+
+
+def test_without_hta_the_window_summary_gives_the_host_bound_verdict(tmp_path: Path, fixtures_dir: Path) -> None:
+    run = summarized_run(tmp_path, fixtures_dir, "h200_single_gpu", {"train/step_ms": 24.0})
+    verdict = host_bound(run)
+    assert isinstance(verdict, Verdict) and verdict.severity == "high"
+    assert verdict.value == (
+        "the GPU waits for the host 51% of the step (the window summary over train/window_0: GPU idle 53%, 96% of "
+        "it waiting for the host)"
+    )
+
+
+def test_without_hta_the_window_summary_gives_the_communication_verdict(tmp_path: Path, fixtures_dir: Path) -> None:
+    verdict = communication_bound(summarized_run(tmp_path, fixtures_dir, "hta_sampled_2rank", {}))
+    assert isinstance(verdict, Verdict) and verdict.severity == "high"
+    # busy time, not HTA's split of overlapping kernel time: 69% where HTA says 56%
+    assert "communication kernels 69% of GPU kernel time; 17% of communication time overlaps" in verdict.value
+    assert "(the window summary; least: rank 0, 15%)" in verdict.value
 
 
 def test_communication_quiet_when_overlapped_or_small() -> None:

@@ -222,7 +222,7 @@ def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Pa
     assert downloaded == [
         "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
         "model_summary.txt", "plots/memory.svg", "plots/step_time.svg", "plots/system.svg", "plots/throughput.svg",
-        "report.html", "report.json", "report.txt", "time_report.json",
+        "report.html", "report.json", "report.txt", "steps.json", "time_report.json",
     ]  # fmt: skip
     assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()
     assert report_command.run(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1

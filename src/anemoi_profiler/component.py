@@ -26,8 +26,10 @@ from .profiling.traces import TracesUpload
 from .profiling.windows import ProfilingWindows
 from .report import ReportSection, RunReport
 from .run import run_page
+from .run.distributed import RankExchange
 from .run.environment import collect_environment
 from .run.folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .run.window_exchange import exchange_summaries, spread_metrics, write_tables
 from .tracking.uris import resolve_tracking_uri
 
 STAGE = "component"
@@ -185,6 +187,12 @@ def profile_component(
         uploading = sink is not None and tracking.upload_artifacts
         traces = TracesUpload.of(run_dir, config.profiler)
         sections, metrics = summarize_windows(windows, traces.note if uploading else "not uploaded (tracking off)")
+        if windows.summaries is not None:
+            tables = exchange_summaries(RankExchange(), run_dir, windows.summaries.collect())
+            write_tables(run_dir, tables)
+            for (stage, window), table in tables.items():
+                if sink is not None:
+                    sink.log_metrics(spread_metrics(stage, table), window)
         component_section, component_metrics = _component_section(calls, steps)
         metrics.update(component_metrics)
         report = RunReport({"run folder": str(run_dir), **described})

@@ -129,6 +129,13 @@ class ProfilerConfig:
             ("profiler.trace_budget_mb", self.profiler.trace_budget_mb > 0, "a number of MB > 0"),
             ("profiler.upload_traces_max_mb", self.profiler.upload_traces_max_mb >= 0, "a number of MB >= 0"),
             ("profiler.top_n", self.profiler.top_n >= 1, "an integer >= 1"),
+            ("profiler.traces", self.profiler.traces in (True, False, "flagged"), "true, false or 'flagged'"),
+            ("profiler.flag_distance_pct", self.profiler.flag_distance_pct > 0, "a number of points > 0"),
+            (
+                "profiler.window_summary",
+                self.profiler.window_summary or self.profiler.traces != "flagged",
+                "true with profiler.traces: flagged (the summaries decide which ranks keep traces)",
+            ),
             ("memory_snapshot.start_step", self.memory_snapshot.start_step >= 0, "an integer >= 0"),
             ("memory_snapshot.steps", self.memory_snapshot.steps >= 1, "an integer >= 1"),
             ("memory_snapshot.max_entries", self.memory_snapshot.max_entries >= 1, "an integer >= 1"),

@@ -110,12 +110,26 @@ class TorchProfilerConfig:
     with_flops: bool = _opt(False, "Estimate FLOPs of matmuls and convolutions.")
     with_modules: bool = _opt(False, "Record the nn.Module hierarchy of operators.")
     sync_events: bool = _opt(True, "Record CUDA synchronization events, which HTA's critical-path analysis needs.")
-    traces: bool = _opt(True, "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz).")
+    traces: Any = _opt(
+        True,
+        "Write Chrome traces (traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz): true, false, or 'flagged': "
+        "rank 0 and the ranks whose window summary stands out keep theirs, the others only their summary.",
+    )
+    flag_distance_pct: float = _opt(
+        10.0,
+        "With traces: flagged, a rank also keeps its trace when its idle_pct, exposed_communication_pct or "
+        "host_collective_pct is more than this many points from the ranks' median.",
+    )
     trace_budget_mb: float = _opt(
         300.0, "Warn before a window whose uncompressed trace would exceed this; above 4x it is not written."
     )
     upload_traces_max_mb: float = _opt(
         200.0, "Upload traces to MLflow only while their total stays below this; the run folder keeps them all."
+    )
+    window_summary: bool = _opt(
+        True,
+        "Summarise every window on every rank in process (device idle and why, overlap, top kernels; docs/hta.md): "
+        "window_summaries/<stage>/window_<k>/window_summary.{csv,json} and window/... metrics.",
     )
     time_report: bool = _opt(True, "Write time_report.{csv,json}: top operators by CPU and device time.")
     memory_report: bool = _opt(True, "Write memory_report.{txt,csv,json}: allocations per operator, explained.")

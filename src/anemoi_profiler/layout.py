@@ -2,10 +2,11 @@
 
 ```
 <output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
-  config.yaml  environment.json  metrics.json  windows.json  window_request.json
+  config.yaml  environment.json  metrics.json  steps.json  windows.json  window_request.json
   report.txt  report.json  report.html  plots/<name>.svg
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
+  window_summaries/<stage>/window_<k>/window_summary.{csv,json}  .../kernel_names_rank<r>.json
   memory/snapshot_rank<r>.pickle  memory/snapshot_rank<r>_exception.pickle  memory/timeline_rank<r>.html
   hta/summary.json  hta/<stage>/window_<k>/...
   spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
@@ -27,6 +28,8 @@ ARTIFACT_ROOT = "profiler"
 CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
 METRICS_FILE = "metrics.json"
+STEPS_FILE = "steps.json"
+"""Each measured step's duration and why it is not steady state (`reports/step_series.py`)."""
 REPORT_TXT = "report.txt"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -38,6 +41,12 @@ MEMORY_REPORT = "memory_report"
 """Stem of `memory_report.txt`, `.csv` and `.json`."""
 TRACES_DIR = "traces"
 TRACE_SUFFIX = ".pt.trace.json.gz"
+HELD_SUFFIX = ".held"
+"""Added to a trace's name while `profiler.traces: flagged` has not yet decided whether the rank keeps it."""
+WINDOW_SUMMARIES_DIR = "window_summaries"
+"""Beside `traces/`, not inside: HTA reads every `.json` of a trace folder as a trace."""
+WINDOW_SUMMARY = "window_summary"
+"""Stem of `window_summary.csv` and `.json`: every rank's summary of one window."""
 MEMORY_DIR = "memory"
 HTA_DIR = "hta"
 HTA_SUMMARY_FILE = "summary.json"
@@ -55,7 +64,21 @@ _RUN_FOLDER_NAME = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
 
 
 def trace_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
-    return run_dir / TRACES_DIR / stage / f"window_{window}" / f"rank{rank}{TRACE_SUFFIX}"
+    return window_dir(run_dir, stage, window) / f"rank{rank}{TRACE_SUFFIX}"
+
+
+def window_dir(run_dir: Path, stage: str, window: int) -> Path:
+    return run_dir / TRACES_DIR / stage / f"window_{window}"
+
+
+def window_summary_path(run_dir: Path, stage: str, window: int, suffix: str) -> Path:
+    """`window_summaries/<stage>/window_<k>/window_summary<suffix>` (`.csv` or `.json`)."""
+    return run_dir / WINDOW_SUMMARIES_DIR / stage / f"window_{window}" / f"{WINDOW_SUMMARY}{suffix}"
+
+
+def kernel_names_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
+    """The kernel names behind the hashes rank `rank` exchanged for a window."""
+    return run_dir / WINDOW_SUMMARIES_DIR / stage / f"window_{window}" / f"kernel_names_rank{rank}.json"
 
 
 def snapshot_path(run_dir: Path, rank: int, at_exception: bool = False) -> Path:

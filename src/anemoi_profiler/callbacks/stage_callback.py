@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..reports.step_series import CHECKPOINT
 from ..run.intervals import Lap, RankTotals, StageMeter
 from ..run.loop_timer import LoopTimer
 from .base import ProfilerCallback, guarded, log_failure
@@ -147,6 +148,11 @@ class StageCallback(ProfilerCallback):
             self.clock.train_start()
 
     @guarded
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.drives:
+            self.clock.train_epoch_start()
+
+    @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.train_end(trainer)
@@ -160,3 +166,8 @@ class StageCallback(ProfilerCallback):
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.validation_end(trainer)
+
+    @guarded
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.drives:  # the save is in the step that ends next: not steady state
+            self.clock.steps.mark("train", CHECKPOINT)

@@ -11,6 +11,7 @@ import importlib
 import logging
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -218,8 +219,8 @@ class ThroughputCallback(StageCallback):
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
-        for stage in STAGES:
-            ranks = self.gathered_totals(stage)
+        gathered = {stage: self.gathered_totals(stage) for stage in STAGES}
+        for stage, ranks in gathered.items():
             totals = self.totals[stage]
             rates = self._global_rates(stage, ranks)
             if totals.elapsed_s > 0:
@@ -235,6 +236,7 @@ class ThroughputCallback(StageCallback):
                 values[f"{stage}/measured_batches"] = (int(sum(r.batches for r in ranks)), "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
+        epoch_start_note = self._epoch_start_figures(trainer, gathered["train"], values, summary)
         if not values or not self.session.is_global_zero:
             return None, {}
         parallelism = self.session.parallelism
@@ -244,6 +246,8 @@ class ThroughputCallback(StageCallback):
             f"{parallelism.data_parallel_size} data-parallel replica(s) of {parallelism.ranks_per_replica} rank(s) "
             f"counted once ({parallelism.source}); device: rank {self.session.global_rank}."
         ]
+        if epoch_start_note:
+            notes.append(epoch_start_note)
         overlap_s, measured_s = self._startup_overlap_s()
         if overlap_s:
             values["train/startup_overlap_s"] = (overlap_s, "s")
@@ -265,6 +269,45 @@ class ThroughputCallback(StageCallback):
                 "compiled graphs compute); the rates and MFU are the compiled steps'."
             )
         return ReportSection.key_values("Throughput", values, " ".join(notes)), summary
+
+    def _epoch_start_figures(
+        self, trainer: Any, ranks: list[RankTotals], values: dict[str, tuple[Any, str]], summary: dict[str, float]
+    ) -> str | None:
+        """The time from each measured epoch's start to its first batch, which the steady rates leave out: its
+        seconds, its share of the training time, and the rates with it (what a clock around whole epochs reads).
+
+        With several ranks, the longest rank's, which the clock made every rank's (the others wait for it in the
+        epoch's first step, see `StageClock.lap`)."""
+        ranks = [rank for rank in ranks if rank.elapsed_s > 0]
+        if not any(rank.epoch_starts for rank in ranks):
+            return None
+        slowest = max(ranks, key=lambda rank: rank.epoch_start_s)
+        seconds, starts = slowest.epoch_start_s, int(slowest.epoch_starts)
+        share = seconds / (slowest.elapsed_s + seconds)
+        summary |= {
+            "summary/train/epoch_starts": starts,
+            "summary/train/epoch_start_s": seconds,
+            "summary/train/epoch_start_share": share,
+        }
+        values |= {"train/epoch_starts": (starts, ""), "train/epoch_start_s": (seconds, "s")}
+        values["train/epoch_start_share"] = (share * 100, "%")
+        with_starts = [replace(rank, elapsed_s=rank.elapsed_s + rank.epoch_start_s) for rank in ranks]
+        for key, value in self._global_rates("train", with_starts).items():
+            if not key.endswith("mfu"):
+                name = f"{key.removeprefix('throughput/')}_with_epoch_starts"
+                summary[f"summary/{name}"] = value
+                values[name] = (value, "/s")
+        workers = trainer_info.train_dataloader_workers(trainer)
+        if workers is not None:
+            values["train/dataloader_workers"] = (workers[0], "")
+            values["train/persistent_workers"] = (workers[1], "")
+        longest = " (the rank with the longest: the others wait for it)" if len(ranks) > 1 else ""
+        return (
+            f"Epoch starts are not in the steady rates and step times: from each epoch's start (on_train_epoch_start) "
+            f"to its first batch, the DataLoader's workers start again unless persistent_workers=True, and reopen "
+            f"the dataset. {starts} measured epoch start(s) took {seconds:.3g} s{longest}, {share:.1%} of the "
+            "training time; the *_with_epoch_starts rates include them."
+        )
 
     def _startup_overlap_s(self) -> tuple[float, float]:
         """Seconds of measured training that ran while the profiler's start-up work went on beside it, and the

@@ -21,11 +21,14 @@ from ..profiling.schedule import WindowSchedule
 from ..profiling.traces import TracesUpload
 from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
+from ..reports.step_series import PROFILED
 from ..run import trainer_info
+from ..run.flagged_traces import settle_held_traces
 from ..run.intervals import STAGES
 from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
 from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
+from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
 from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
 
@@ -193,6 +196,8 @@ class TorchProfilerCallback(ProfilerCallback):
         self._windows.batch_starting(stage, schedule, index)
         if self._recorders[stage] is None:
             self._recorders[stage] = self._windows.open(stage, schedule, index)
+        if self._recorders[stage] is not None and self.session.stage_clock is not None:
+            self.session.stage_clock.steps.mark(stage, PROFILED)  # not steady state for `compare`
         now = time.perf_counter()
         if stage == "train" and self._last_train_end is not None:
             self._windows.durations.add("train/dataloader_next", now - self._last_train_end)
@@ -285,6 +290,8 @@ class TorchProfilerCallback(ProfilerCallback):
             self._stop(stage)
         if self._windows is not None:
             self._windows.flush()
+        if self.config.profiler.window_summary:
+            self._exchange_window_summaries()
         upload_note = self._traces_upload_note() if self.session.is_global_zero else ""
         if self._windows is None or self.session.global_rank != self._reporting_rank():
             return None, {}
@@ -292,6 +299,22 @@ class TorchProfilerCallback(ProfilerCallback):
         for section in sections:
             self.session.add_section(section)
         return None, metrics
+
+    def _exchange_window_summaries(self) -> None:
+        """Every rank, profiled or not, joins the one exchange; rank 0 writes the tables and logs the spread."""
+        summaries = self._windows.summaries if self._windows is not None else None
+        mine = summaries.collect() if summaries is not None else {}
+        assert self.session.run_dir is not None
+        tables = exchange_summaries(self.session.exchange, self.session.run_dir, mine)
+        if self.config.profiler.traces == "flagged":
+            distance = self.config.profiler.flag_distance_pct
+            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance)
+        if not self.session.is_global_zero:
+            return
+        write_tables(self.session.run_dir, tables)
+        for (stage, window), table in tables.items():
+            self.session.log_metrics(spread_metrics(stage, table), step=window)
+        self.session.add_section(window_section(tables))
 
     def _reporting_rank(self) -> int:
         return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)

@@ -19,7 +19,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from ..config_sections import TorchProfilerConfig
-from ..layout import TRACES_DIR, trace_path
+from ..layout import HELD_SUFFIX, TRACES_DIR, trace_path
 from ..report import MB, format_value
 
 log = logging.getLogger(__name__)
@@ -161,11 +161,16 @@ class TraceBudget:
 
 
 class TraceWriter:
-    """Writes each window's trace for one rank, within the size budget."""
+    """Writes each window's trace for one rank, within the size budget.
+
+    With `profiler.traces: flagged` a rank other than 0 writes `<name>.held`, which the end of the run renames
+    or deletes once the window summaries say whether this rank stands out (`run/flagged_traces.py`).
+    """
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, options: TorchProfilerConfig) -> None:
         self.run_dir = run_dir
         self.rank = rank
+        self.hold = options.traces == "flagged" and rank != 0
         self.info = rank_info(rank, world_size)
         self.budget = TraceBudget(options)
         self.skipped: list[str] = []
@@ -197,6 +202,8 @@ class TraceWriter:
     def write(self, prof: Any, stage: str, window: int, steps: int, active: int) -> None:
         """Export the window just recorded, then gzip it in the background unless it is too large."""
         target = trace_path(self.run_dir, stage, window, self.rank)
+        if self.hold:
+            target = target.with_name(target.name + HELD_SUFFIX)
         exported = target.parents[1] / f".window_{window}_rank{self.rank}.json"
         exported.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(exported))

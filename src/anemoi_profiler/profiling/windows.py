@@ -1,7 +1,8 @@
 """The profiling windows of one rank: recorders per stage run, and what each finished window leaves behind.
 
-Each window becomes a trace file, the operator rows of its `key_averages()`, and, on CUDA, per-step memory
-readings and (once) the memory timeline. The Lightning callback and component profiling both drive this.
+Each window becomes a trace file, a fixed-size summary (`window_summaries`, on a thread of its own), the
+operator rows of its `key_averages()`, and, on CUDA, per-step memory readings and (once) the memory timeline.
+The Lightning callback and component profiling both drive this.
 
 The operator rows are built when the reports ask for them, after training: `key_averages()` first turns
 every recorded event into a Python object, seconds of interpreter time for a large window, which would
@@ -24,6 +25,7 @@ from .op_tables import WindowOperators, operator_stats
 from .recorder import WindowRecorder, effective_options, uses_cuda
 from .schedule import WindowSchedule
 from .traces import TraceWriter, rank_info
+from .window_summaries import WindowSummaries
 
 MAX_UNPARSED_WINDOWS = 8
 """Windows kept unparsed at most; beyond that (many repeats) the oldest is parsed when a new one closes."""
@@ -42,6 +44,7 @@ class ProfilingWindows:
         self.rank_info = rank_info(rank, world_size)
         self.traces = TraceWriter(run_dir, rank, world_size, self.options) if self.options.traces else None
         self.step_memory = StepMemory(device) if uses_cuda(device) else None
+        self.summaries = WindowSummaries() if self.options.window_summary else None
         self.durations = DurationStats()
         self._tables: list[WindowOperators] = []
         self._unparsed: list[tuple[str, int, int, Any]] = []  # (stage, window, steps, torch's results)
@@ -83,6 +86,8 @@ class ProfilingWindows:
         self.completed[stage] += 1
         if self.traces is not None:
             self.traces.write(prof, stage, window, steps, self._active[stage])
+        if self.summaries is not None:
+            self.summaries.submit(stage, window, prof.profiler)
         if self.options.time_report or self.options.memory_report:
             self._unparsed.append((stage, window, steps, prof.profiler))  # the next window gets a new one
             if len(self._unparsed) > MAX_UNPARSED_WINDOWS:
@@ -109,3 +114,5 @@ class ProfilingWindows:
     def close(self) -> None:
         if self.traces is not None:
             self.traces.close()
+        if self.summaries is not None:
+            self.summaries.close()

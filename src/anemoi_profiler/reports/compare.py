@@ -136,13 +136,14 @@ def format_text(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(comparison: Comparison) -> str:
+def render_html(comparison: Comparison, verdict: str = "") -> str:
+    """The page; `verdict` is the gate's HTML (`regression_gate.verdict_html`), shown first."""
     a, b = comparison.a, comparison.b
     described_a, described_b = a.describe(), b.describe()
     keys = list(dict.fromkeys([*described_a, *described_b]))
     runs = html_table(["", "A (baseline)", "B"], [[k, described_a.get(k, ""), described_b.get(k, "")] for k in keys])
     columns = ["", "A", "B", "B - A", "%", ""]
-    parts = [f"<h1>Comparison: {esc(a.title)} vs {esc(b.title)}</h1>", runs]
+    parts = [f"<h1>Comparison: {esc(a.title)} vs {esc(b.title)}</h1>", verdict, runs]
     regressions = comparison.regressions
     summary = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
     parts.append(

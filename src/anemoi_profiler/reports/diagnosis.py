@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from statistics import mean
-from typing import Literal
 
 from ..report import ReportSection
+from .epoch_starts import slow_epoch_starts
+from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
 from .run_data import TYPICAL_MIN_INTERVALS, RunData, load_run
 
 log = logging.getLogger(__name__)
 
-Severity = Literal["high", "medium", "info"]
-SEVERITY_ORDER: tuple[Severity, ...] = ("high", "medium", "info")
 TITLE = "Diagnosis"
 
 DATALOADER_WAIT_SHARE = 0.15
@@ -63,31 +62,6 @@ MAX_BATCH_FACTOR = 8
 MFU_LOW = 0.30
 """Model FLOPs utilisation below which the device's arithmetic is mostly unused."""
 MFU_VERY_LOW = 0.10
-
-
-@dataclass(frozen=True)
-class Verdict:
-    id: str
-    """Stable identifier (`dataloader-bound`, `slow-rank`): the MLflow run's `profiler.verdict` tag, for searches."""
-    name: str
-    """What the report shows."""
-    severity: Severity
-    value: str
-    """The number behind the verdict, with what it was compared to."""
-    message: str
-    """What it means for this run."""
-    next_step: str
-
-
-@dataclass(frozen=True)
-class NotAssessed:
-    """A check that the run's data cannot answer, and why (a CPU run has no device memory to compare)."""
-
-    reason: str
-
-
-Outcome = Verdict | NotAssessed | None
-"""What a check finds: a verdict, why it could not look, or None when it looked and found nothing."""
 
 
 def dataloader_bound(run: RunData) -> Outcome:
@@ -134,16 +108,17 @@ def host_bound(run: RunData) -> Outcome:
     ranks = sorted(set(idle) & set(host_wait))
     if ranks:
         waiting = mean(idle[r] * host_wait[r] for r in ranks) / 1e4
-        windows = ", ".join(sorted({v.window for v in run.hta_values() if v.name == "idle_pct"}))
+        source, values = run.analysis_values()
+        windows = ", ".join(sorted({v.window for v in values if v.name == "idle_pct"}))
         evidence = (
-            f"HTA over {windows or 'the traces'}: GPU idle {mean(idle[r] for r in ranks):.0f}%, "
+            f"{source} over {windows or 'the traces'}: GPU idle {mean(idle[r] for r in ranks):.0f}%, "
             f"{mean(host_wait[r] for r in ranks):.0f}% of it waiting for the host"
         )
         threshold = HOST_WAIT_SHARE
     else:
         busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical("time/train/step_ms")
         if busy_ms is None or not step_ms:
-            return NotAssessed("no HTA idle breakdown and no device times in the time report")
+            return NotAssessed("no idle breakdown (HTA, window summary) and no device times in the time report")
         waiting = 1.0 - busy_ms / step_ms
         evidence = f"GPU kernels busy {busy_ms:.1f} of {step_ms:.1f} ms per step, top operators of the profiled steps"
         threshold = DEVICE_BUSY_UNKNOWN_IDLE
@@ -174,8 +149,9 @@ def host_bound(run: RunData) -> Outcome:
 def communication_bound(run: RunData) -> Outcome:
     overlap = _by_rank(run, "comm_comp_overlap_pct")
     if not overlap:
-        return NotAssessed("no HTA communication analysis: one process, no NCCL kernels, or HTA off")
-    shares = [v.value for v in run.hta_values() if v.rank is None and v.name == "communication_kernel_time_pct"]
+        return NotAssessed("no communication analysis: one process, no NCCL kernels, or HTA and window summary off")
+    source, values = run.analysis_values()
+    shares = [v.value for v in values if v.rank is None and v.name == "communication_kernel_time_pct"]
     comm_share = mean(shares) if shares else None
     mean_overlap = mean(overlap.values())
     if mean_overlap >= COMM_OVERLAP_LOW_PCT or (comm_share is not None and comm_share < COMM_KERNEL_SHARE_MIN_PCT):
@@ -187,7 +163,7 @@ def communication_bound(run: RunData) -> Outcome:
         "communication-bound",
         "high" if comm_share is not None and comm_share >= COMM_KERNEL_SHARE_HIGH_PCT else "medium",
         f"{of_kernels}{mean_overlap:.0f}% of communication time overlaps compute "
-        f"(HTA; least: rank {worst}, {overlap[worst]:.0f}%)",
+        f"({source}; least: rank {worst}, {overlap[worst]:.0f}%)",
         "Collectives run while the GPU has no compute to hide them behind, so every step waits for the network.",
         "Overlap gradient reduction with backward (DDP: gradient_as_bucket_view=True, tune bucket_cap_mb; FSDP: "
         "backward_prefetch, forward_prefetch); fewer, larger collectives; check the transport with "
@@ -350,6 +326,7 @@ def low_mfu(run: RunData) -> Outcome:
 CHECKS: dict[str, Callable[[RunData], Outcome]] = {
     "dataloader wait": dataloader_bound,
     "callbacks": callback_bound,
+    "epoch starts": slow_epoch_starts,
     "host wait": host_bound,
     "communication": communication_bound,
     "rank balance": slow_rank,
@@ -425,9 +402,9 @@ def _data_wait_share(run: RunData) -> float:
 
 
 def _by_rank(run: RunData, name: str) -> dict[int, float]:
-    """An HTA per-rank value of the training windows, averaged over windows."""
+    """A per-rank value of the training windows (HTA's, else the window summary's), averaged over windows."""
     values: dict[int, list[float]] = {}
-    for value in run.hta_values():
+    for value in run.analysis_values()[1]:
         if value.rank is not None and value.name == name:
             values.setdefault(value.rank, []).append(value.value)
     return {rank: mean(found) for rank, found in values.items()}

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import median
+from statistics import mean, median
 from typing import Any
 
 from ..layout import (
@@ -28,8 +28,11 @@ from ..layout import (
     METRICS_FILE,
     MODEL_SUMMARY_FILE,
     REPORT_JSON,
+    STEPS_FILE,
     TIME_REPORT,
     TRACES_DIR,
+    WINDOW_SUMMARIES_DIR,
+    WINDOW_SUMMARY,
 )
 
 RUN_FILES = (REPORT_JSON, METRICS_FILE, ENVIRONMENT_FILE)
@@ -38,6 +41,7 @@ HTA_SUMMARY = f"{HTA_DIR}/{HTA_SUMMARY_FILE}"
 DOWNLOADED_FILES = (
     *RUN_FILES,
     CONFIG_FILE,
+    STEPS_FILE,
     f"{TIME_REPORT}.json",
     f"{MEMORY_REPORT}.json",
     MODEL_SUMMARY_FILE,
@@ -48,6 +52,12 @@ DOWNLOADED_FILES = (
 MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
 """MLflow's rule for run ids: a target that is neither a folder nor this never becomes part of a path."""
 TYPICAL_MIN_INTERVALS = 3
+SUMMARY_AS_HTA = {
+    "idle_pct": "idle_pct",
+    "idle_host_wait_pct": "idle_host_wait_share_pct",
+    "overlap_pct": "comm_comp_overlap_pct",
+}
+"""Window-summary fields under the names of HTA's scalars they equal (docs/hta.md), for runs HTA did not analyse."""
 _HTA_KEY = re.compile(r"^hta/(?:(?P<window>.+)/)?(?:rank(?P<rank>\d+)|all_ranks)/(?P<name>[^/]+)$")
 
 
@@ -190,6 +200,28 @@ class RunData:
                 parsed.append(HtaValue(match["window"] or "", rank, match["name"], float(value)))
         of_stage = [v for v in parsed if v.stage == stage]
         return of_stage or parsed
+
+    # ---- window_summaries/<stage>/window_<k>/window_summary.json ----
+    def window_summary_values(self, stage: str = "train") -> list[HtaValue]:
+        """The window summaries' figures as HTA's scalars (`SUMMARY_AS_HTA`); communication's share of kernel
+        time as its share of the device's busy time, averaged over ranks."""
+        values = []
+        for path in sorted((self.folder / WINDOW_SUMMARIES_DIR).glob(f"*/window_*/{WINDOW_SUMMARY}.json")):
+            window, rows = f"{path.parent.parent.name}/{path.parent.name}", _read_json(path).get("ranks") or []
+            for row in rows:
+                for ours, theirs in SUMMARY_AS_HTA.items():
+                    if isinstance(row.get(ours), int | float):
+                        values.append(HtaValue(window, int(row["rank"]), theirs, float(row[ours])))
+            shares = [100 * r["communication_ms"] / r["active_ms"] for r in rows if r.get("active_ms")]
+            if shares:
+                values.append(HtaValue(window, None, "communication_kernel_time_pct", mean(shares)))
+        of_stage = [v for v in values if v.stage == stage]
+        return of_stage or values
+
+    def analysis_values(self, stage: str = "train") -> tuple[str, list[HtaValue]]:
+        """(source, values): HTA's scalars where HTA analysed the run, else the window summary's."""
+        hta = self.hta_values(stage)
+        return ("HTA", hta) if hta else ("the window summary", self.window_summary_values(stage))
 
     # ---- report.json ----
     def operator_sections(self) -> list[tuple[str, dict[str, Any]]]:

@@ -29,6 +29,7 @@ def collect_environment(trainer: Any | None = None) -> dict[str, Any]:
         "packages": {name: _version(name) for name in _PACKAGES},
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": _nccl_version(),
         "devices": _devices(),
         "git_commit": git_commit(),
         "env": redact({name: os.environ[name] for name in _ENV_VARS if name in os.environ}),
@@ -53,6 +54,17 @@ def git_commit(cwd: str | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def _nccl_version() -> str | None:
+    """NCCL's version as torch was built with it (a change moves the step time of multi-GPU runs)."""
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    except Exception:  # a build without NCCL
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else None if version is None else str(version)
 
 
 def _version(name: str) -> str | None:

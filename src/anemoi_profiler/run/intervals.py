@@ -59,10 +59,17 @@ class Lap:
     extras: dict[str, float] = field(default_factory=dict)
     own_work_s: float = 0.0
     """The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time."""
+    epoch_starts: list[tuple[Marker, Marker]] = field(default_factory=list)
+    """Training epochs' starts in the interval, outside the segments: each from the epoch's start to its first
+    batch (see `StageMeter.pause`)."""
 
     def measured_s(self) -> float:
         """Seconds in the segments, the profiler's own work included."""
         return sum(_elapsed_s(start, end) for start, end in self.segments)
+
+    def epoch_start_s(self) -> float:
+        """Seconds at epoch starts, on the same clock as the segments."""
+        return sum(_elapsed_s(start, end) for start, end in self.epoch_starts)
 
 
 @dataclass
@@ -92,6 +99,9 @@ class RankTotals:
     peak_allocated_mb: float = 0.0
     peak_reserved_mb: float = 0.0
     cpu_rss_mb: float = 0.0
+    epoch_start_s: float = 0.0
+    """Time from training epochs' starts to their first batches, outside `elapsed_s` (see `StageMeter.pause`)."""
+    epoch_starts: float = 0.0
     requested_steps: float = 0.0
     """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
     requested_ranks: float = 0.0
@@ -123,7 +133,7 @@ class RankTotals:
         gap = lap.gap
         return cls(
             lap.batches, lap.samples, lap.items, gap.wait_s, seconds, lap.own_work_s, gap.callbacks_s, gap.loop_s,
-            gap.fetches,
+            gap.fetches, epoch_start_s=lap.epoch_start_s(), epoch_starts=len(lap.epoch_starts),
         )  # fmt: skip
 
 
@@ -156,6 +166,8 @@ class StageMeter:
         """`perf_counter` when the stage's first measured interval began (after the warmup)."""
         self.last_stopped_at: float | None = None
         """`perf_counter` when it last stopped (for training: at a validation or the end of training)."""
+        self._paused_at: Marker | None = None
+        self._epoch_starts: list[tuple[Marker, Marker]] = []
 
     def _mark(self) -> Marker:
         if self._cuda:
@@ -180,6 +192,23 @@ class StageMeter:
             self.last_stopped_at = time.perf_counter()
             self._own_work_s += self._own_work() - self._own_work_at_open
 
+    def pause(self) -> None:
+        """Stop timing at a training epoch's start, until `resume` at its first batch.
+
+        Each epoch with non-persistent DataLoader workers starts them again (and they open the dataset again)
+        before its first batch: that time is the interval's `epoch_starts`, not a step's.
+        """
+        if self._open is not None:
+            self.stop()
+            self._paused_at = self._segments[-1][1]
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self.start()
+            assert self._open is not None
+            self._epoch_starts.append((self._paused_at, self._open))
+            self._paused_at = None
+
     def count(self, samples: int, items: int) -> None:
         self.batches += 1
         self._samples += samples
@@ -197,6 +226,7 @@ class StageMeter:
         if self.batches:
             lap = Lap(step, self.batches, self._samples, self._items, self.gap, self._segments, extras or {})
             lap.own_work_s = self._own_work_s
+            lap.epoch_starts, self._epoch_starts = self._epoch_starts, []
             self._pending.append(lap)
         self._own_work_s = 0.0
         self._segments = []

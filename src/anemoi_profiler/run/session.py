@@ -249,6 +249,8 @@ class ProfilerSession:
         steps = [
             # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
             (sink is not None, "spool the metrics", lambda: sink.spool_now()),
+            (self.is_global_zero and self.stage_clock is not None, "write the step record",
+             lambda: self.stage_clock.steps.write(run_dir, self.global_rank)),
             (self.is_global_zero, "finish rank 0's work", self._run_after_release),
             (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
             (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",

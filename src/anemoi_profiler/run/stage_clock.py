@@ -15,18 +15,21 @@ logging and the cross-rank exchange happen only at log intervals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from ..config import ProfilerConfig
+from ..reports.step_series import EPOCH_START
 from . import trainer_info
 from .batch_gaps import BatchGaps
 from .distributed import RankExchange
 from .gradient_sync import GradientSyncTimer
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
+from .step_record import StepRecord
 
 
 class Listener(Protocol):
@@ -75,7 +78,10 @@ class StageClock:
         self._count = self._count_all
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
+        self._epoch_starting = False
         self.gaps = BatchGaps(own_work)
+        self.steps = StepRecord(own_work, config.throughput.warmup_steps)
+        """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
         self.train_exchange: TrainExchangeHook | None = None
         """Set by the session when triggers are on: adds to each training exchange and reads what it gathered."""
@@ -93,8 +99,17 @@ class StageClock:
 
     # ---- training ----
     def train_start(self) -> None:
+        self.steps.stage_started("train", time.perf_counter())
         if self.config.throughput.warmup_steps == 0:
             self.meters["train"].start()
+
+    def train_epoch_start(self) -> None:
+        """An epoch starts: until its first batch (DataLoader workers starting again, a dataset opening again),
+        training time pauses; the pause is the epoch start's own figure, not a step's."""
+        self.steps.mark("train", EPOCH_START)
+        if self._train.running:
+            self._train.pause()
+            self._epoch_starting = True
 
     # The four batch hooks are Lightning's own, put on the driving callback's instance (see `StageCallback`):
     # Lightning calls them directly, between torch's operators, where each Python call costs microseconds.
@@ -104,12 +119,17 @@ class StageClock:
             if self.train_batches_seen == 0:
                 for listener in self.listeners:
                     listener.first_train_batch(batch, ended=False)
+            if self._epoch_starting:
+                self._epoch_starting = False
+                self._train.resume()
+                self.gaps.reset()  # the epoch start's fetches are no batch's
             self.gaps.batch_started()
         except Exception as error:
             self.hook_failed("on_train_batch_start", error)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         try:
+            self.steps.train_step_ended(time.perf_counter())
             self.train_batches_seen += 1
             if self.train_batches_seen == 1:
                 for listener in self.listeners:
@@ -137,6 +157,7 @@ class StageClock:
     def validation_start(self, trainer: Any) -> None:
         if not trainer.sanity_checking:
             self.meters["train"].stop()
+            self.steps.stage_started("val", time.perf_counter())
         self.gaps.reset()
 
     def on_validation_batch_start(
@@ -158,6 +179,7 @@ class StageClock:
             self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
             if sanity_checking:
                 return
+            self.steps.val_step_ended(time.perf_counter())
             samples, items = self._count("val", batch)
             meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
@@ -170,6 +192,7 @@ class StageClock:
             return
         self.lap(trainer, "val", final=True)
         self.meters["val"].stop()
+        self.steps.stage_started("train", time.perf_counter())
         if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
             self.meters["train"].start()
         self.gaps.reset()
@@ -204,14 +227,16 @@ class StageClock:
             self.train_exchange.outgoing(local)
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = self._gather(local)
-        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time.
+        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
+        # the longest epoch start (the others wait for it in the epoch's first step): every rank's epoch start.
         own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
-        laps = _without_own_work(taken, own_work_s)
-        local.elapsed_s -= own_work_s
+        epoch_start_s = max(rank.epoch_start_s for rank in ranks) if ranks else local.epoch_start_s
+        laps = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
+        for totals in (local, *(ranks or ())):
+            totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
+            totals.epoch_start_s = epoch_start_s
         self.totals[stage].add(local)
         if ranks:
-            for rank in ranks:
-                rank.elapsed_s -= own_work_s
             sums = self.exchanged[stage] or [RankTotals() for _ in ranks]
             for rank_sums, rank in zip(sums, ranks, strict=True):
                 rank_sums.add(rank)
@@ -247,8 +272,8 @@ def _raise(hook: str, error: Exception) -> None:
 def _without_own_work(taken: list[tuple[Lap, float]], own_work_s: float) -> list[tuple[Lap, float]]:
     """Each lap's seconds less its share of `own_work_s`, dropping laps that took no measurable time.
 
-    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work added
-    (all ranks wait for the slowest) is spread over the laps by their length.
+    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work and longer
+    epoch starts added (all ranks wait for the slowest) is spread over the laps by their length.
     """
     own = sum(lap.own_work_s for lap, _ in taken)
     measured = sum(seconds for _, seconds in taken)

@@ -83,3 +83,23 @@ def root_device(trainer: Any) -> Any:
 
 def global_step(trainer: Any) -> int:
     return int(getattr(trainer, "global_step", 0))
+
+
+def train_dataloader_workers(trainer: Any) -> tuple[int, bool] | None:
+    """The training DataLoaders' most `num_workers`, and whether all that have workers keep them between epochs
+    (`persistent_workers`); None when the trainer has no DataLoader shaped like torch's."""
+    found: list[Any] = []
+    pending = [getattr(trainer, "train_dataloader", None)]
+    while pending:
+        item = pending.pop()
+        if isinstance(getattr(item, "num_workers", None), int):
+            found.append(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    if not found:
+        return None
+    with_workers = [loader for loader in found if loader.num_workers > 0]
+    persistent = all(getattr(loader, "persistent_workers", False) for loader in with_workers)
+    return max(loader.num_workers for loader in found), persistent

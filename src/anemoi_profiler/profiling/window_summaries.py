@@ -1,0 +1,53 @@
+"""Each finished window summarised on a thread of its own, from torch's results: the training loop only hands over.
+
+Reading torch's events is Python work proportional to the window's events; done where the window closes it
+would stall the next training step, so one background thread does it and the session's end collects the
+results (`collect`). A window that cannot be summarised is left out with one warning; training never sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .kineto_events import window_events_from_kineto
+from .window_summary import WindowSummary, summarize
+
+log = logging.getLogger(__name__)
+
+WindowKey = tuple[str, int]
+"""(stage, window index)."""
+
+
+class WindowSummaries:
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
+        self._pending: dict[WindowKey, Future[WindowSummary]] = {}
+        self._warned = False
+
+    def submit(self, stage: str, window: int, results: Any) -> None:
+        """Summarise `results` (torch's `_ProfilerResult` of the window) in the background."""
+        self._pending[(stage, window)] = self._executor.submit(_summarize_results, results)
+
+    def collect(self) -> dict[WindowKey, WindowSummary]:
+        """Every window's summary, waiting for those still running; failed ones left out (warned once)."""
+        summaries = {}
+        for key, future in self._pending.items():
+            try:
+                summaries[key] = future.result()
+            except Exception as error:
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "anemoi-profiler: could not summarise window %s: %s: %s", key, type(error).__name__, error
+                    )
+        return summaries
+
+    def close(self) -> None:
+        """Let the summaries under way finish: `collect` may still be called after."""
+        self._executor.shutdown(wait=True)
+
+
+def _summarize_results(results: Any) -> WindowSummary:
+    return summarize(window_events_from_kineto(results.kineto_results))

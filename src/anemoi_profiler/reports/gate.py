@@ -1,0 +1,226 @@
+"""The decision rule of `compare --fail-if-slower`: is B's typical step slower than A's by more than the threshold?
+
+The estimate is the ratio of B's median steady step to A's (each side: the mean of its runs' log medians). Its
+spread comes from a circular block bootstrap of each run's steady steps (blocks as long as the series' lag-1
+autocorrelation asks for, so that a slow patch of correlated steps is resampled as one piece, not as independent
+evidence; the runs themselves resampled when a side has several), or from an AR(1) model of each run's noise
+where that gives more: at a few hundred strongly correlated steps the bootstrap underestimates it by up to a
+fifth. One-sided bounds at `CONFIDENCE` use Student's t with the degrees of freedom of that spread. Outcomes:
+
+- slower: the lower bound is above the threshold;
+- not slower: the upper bound is below it;
+- inconclusive: the interval holds the threshold; the result says which slowdown this noise could have detected
+  and about how many more steps per run would settle it.
+
+Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/regression-gate.md publishes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+
+CONFIDENCE = 0.95
+"""One-sided: a 'slower' verdict at a true slowdown of exactly the threshold comes at most this rarely wrong."""
+RESAMPLES = 2000
+SPREAD_MARGIN = 1.05
+"""The spread is widened by this factor: without it, strongly correlated series (AR(1) ρ = 0.8) gave 5.5-6 %
+false 'slower' at the threshold in the simulation of docs/gen_gate_table.py (the t bounds are a little short
+where the spread's own estimate is noisy)."""
+MIN_STEADY_STEPS = 20
+"""Fewer steady steps in a run than this cannot bound a median: the gate refuses to decide."""
+MAX_RESAMPLED_VALUES = 4_000_000
+"""Bootstrap replicates are drawn in chunks of at most this many values (memory stays in the tens of MB)."""
+
+Outcome = Literal["slower", "not slower", "inconclusive"]
+EXIT_CODES: dict[Outcome, int] = {"not slower": 0, "slower": 1, "inconclusive": 3}
+
+
+class GateError(ValueError):
+    """The data cannot be tested (too few steady steps, a non-positive duration); the message says which."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    outcome: Outcome
+    threshold_pct: float
+    estimate_pct: float
+    lower_pct: float
+    """One-sided lower bound at `CONFIDENCE`."""
+    upper_pct: float
+    """One-sided upper bound at `CONFIDENCE`."""
+    steps: tuple[int, int]
+    """Steady steps of A and of B (all runs of a side together)."""
+    runs: tuple[int, int]
+    block_lengths: tuple[int, int]
+    """The longest bootstrap block of a side's runs."""
+    detectable_pct: float
+    """The smallest slowdown that this noise calls 'slower' with probability `CONFIDENCE`."""
+    more_steps_per_run: int | None
+    """Inconclusive: about how many more steady steps each run needs to settle it; None otherwise, or when the
+    estimate sits on the threshold."""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.outcome]
+
+
+def judge_slowdown(
+    a_runs: list[np.ndarray],
+    b_runs: list[np.ndarray],
+    threshold_pct: float,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> GateResult:
+    """Test 'B is slower than A by more than `threshold_pct` %' on the steady step durations of each run."""
+    rng = np.random.default_rng(seed)
+    sides = [[_log_durations(run) for run in runs] for runs in (a_runs, b_runs)]
+    estimates = [float(np.mean([np.median(run) for run in side])) for side in sides]
+    replicates = [_side_replicates(side, rng, resamples) for side in sides]
+    difference = estimates[1] - estimates[0]
+    boot = replicates[1] - replicates[0]
+    variances = [[median_variance(run) for run in side] for side in sides]
+    modelled = math.sqrt(sum(sum(side) / len(side) ** 2 for side in variances))
+    spread = SPREAD_MARGIN * max(float(np.std(boot)), modelled)
+    z = _t_quantile(CONFIDENCE, _degrees_of_freedom(sides))
+    lower, upper = difference - z * spread, difference + z * spread
+    limit = math.log1p(threshold_pct / 100)
+    outcome: Outcome = "slower" if lower > limit else "not slower" if upper < limit else "inconclusive"
+    more = None
+    if outcome == "inconclusive" and abs(difference - limit) > 0:
+        needed = (spread * z / abs(difference - limit)) ** 2  # variance shrinks as 1 / steps
+        per_run = max(len(run) for side in sides for run in side)
+        more = math.ceil(per_run * max(needed - 1, 0.0))
+    return GateResult(
+        outcome,
+        threshold_pct,
+        _pct(difference),
+        _pct(lower),
+        _pct(upper),
+        (sum(len(run) for run in sides[0]), sum(len(run) for run in sides[1])),
+        (len(sides[0]), len(sides[1])),
+        (max(block_length(run) for run in sides[0]), max(block_length(run) for run in sides[1])),
+        _pct(limit + 2 * z * spread),
+        more,
+    )
+
+
+def block_length(values: np.ndarray) -> int:
+    """Carlstein's block length for an AR(1)-like series, (2ρ/(1-ρ²))^(2/3) n^(1/3), from its lag-1
+    autocorrelation ρ (1 for an uncorrelated series; at most a quarter of the series)."""
+    n = len(values)
+    rho = lag_one_autocorrelation(values)
+    length = (2 * rho / (1 - rho**2)) ** (2 / 3) * n ** (1 / 3)
+    return int(min(max(1, math.ceil(length)), max(1, n // 4)))
+
+
+def lag_one_autocorrelation(values: np.ndarray) -> float:
+    """ρ of the series with its spikes (beyond 5 robust standard deviations) set to its median, in [0, 0.95]:
+    a few slow outliers, uncorrelated, would otherwise hide the correlation of the rest."""
+    centre, scale = _robust_centre_and_scale(values)
+    tamed = np.where(np.abs(values - centre) > 5 * scale, centre, values)
+    centred = tamed - tamed.mean()
+    variance = float(centred @ centred)
+    rho = float(centred[1:] @ centred[:-1]) / variance if variance > 0 and len(values) > 2 else 0.0
+    return min(max(rho, 0.0), 0.95)
+
+
+def median_variance(values: np.ndarray) -> float:
+    """The median's variance if the series were Gaussian AR(1) noise with its robust scale and ρ:
+    π σ² / (2n) times the long-run factor of the signs."""
+    _, scale = _robust_centre_and_scale(values)
+    return math.pi * scale**2 / (2 * len(values)) * _long_run_factor(values)
+
+
+def _long_run_factor(values: np.ndarray) -> float:
+    return _sign_factor(_unbiased_rho(values))
+
+
+def _unbiased_rho(values: np.ndarray) -> float:
+    """ρ corrected for its small-sample bias, -(1 + 3ρ)/n (Kendall)."""
+    rho = lag_one_autocorrelation(values)
+    return min(rho + (1 + 3 * rho) / len(values), 0.95) if rho > 0 else 0.0
+
+
+def _sign_factor(rho: float) -> float:
+    """1 + 2 Σ_k (2/π) arcsin(ρ^k): how much AR(1) correlation inflates the variance of a median."""
+    factor, power = 1.0, rho
+    while power > 1e-6:
+        factor += 4 / math.pi * math.asin(power)
+        power *= rho
+    return factor
+
+
+def _degrees_of_freedom(sides: list[list[np.ndarray]]) -> float:
+    """How well the spread itself is known, as the degrees of freedom of a t distribution.
+
+    Each run's modelled variance rests on its MAD (var(ln MAD) ≈ 1.36 / effective steps) and on ρ (var(ρ̂) ≈
+    (1 - ρ²) / n, through the factor's slope); Welch-Satterthwaite combines the runs by their variances.
+    """
+    terms = []
+    for side in sides:
+        for run in side:
+            n, rho = len(run), _unbiased_rho(run)
+            step = 0.01
+            slope = (math.log(_sign_factor(min(rho + step, 0.96))) - math.log(_sign_factor(max(rho - step, 0.0)))) / (
+                2 * step
+            )
+            relative = 1.36 * 4 * _sign_factor(rho) / n + slope**2 * (1 - rho**2) / n  # var of ln(variance)
+            variance = median_variance(run) / len(side) ** 2
+            terms.append((variance, 2 / relative))
+    total = sum(variance for variance, _ in terms)
+    return total**2 / sum(variance**2 / df for variance, df in terms)
+
+
+def _t_quantile(p: float, df: float) -> float:
+    """Student's t quantile by its Cornish-Fisher expansion in 1/df (exact to 1e-3 from 10 degrees)."""
+    z = NormalDist().inv_cdf(p)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def _robust_centre_and_scale(values: np.ndarray) -> tuple[float, float]:
+    centre = float(np.median(values))
+    return centre, 1.4826 * float(np.median(np.abs(values - centre)))
+
+
+def bootstrap_medians(values: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of `resamples` circular block bootstrap replicates of `values` (vectorised, in chunks)."""
+    n = len(values)
+    length = block_length(values)
+    blocks = math.ceil(n / length)
+    offsets = np.arange(length)
+    chunk = max(1, MAX_RESAMPLED_VALUES // (blocks * length))
+    medians = np.empty(resamples)
+    for begin in range(0, resamples, chunk):
+        count = min(chunk, resamples - begin)
+        starts = rng.integers(0, n, size=(count, blocks))
+        index = ((starts[:, :, None] + offsets) % n).reshape(count, -1)[:, :n]
+        medians[begin : begin + count] = np.median(values[index], axis=1)
+    return medians
+
+
+def _side_replicates(side: list[np.ndarray], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """Bootstrap replicates of a side's mean log median: runs resampled (when there are several), then steps."""
+    per_run = np.stack([bootstrap_medians(run, resamples, rng) for run in side])
+    if len(side) == 1:
+        return per_run[0]
+    picked = rng.integers(0, len(side), size=(resamples, len(side)))
+    columns = rng.integers(0, resamples, size=(resamples, len(side)))
+    return per_run[picked, columns].mean(axis=1)
+
+
+def _log_durations(run: np.ndarray) -> np.ndarray:
+    values = np.asarray(run, dtype=np.float64)
+    if len(values) < MIN_STEADY_STEPS:
+        raise GateError(f"{len(values)} steady steps in a run; the gate needs at least {MIN_STEADY_STEPS}")
+    if not np.all(values > 0):
+        raise GateError("a step duration is zero or negative")
+    return np.log(values)
+
+
+def _pct(log_ratio: float) -> float:
+    return 100 * math.expm1(log_ratio)

@@ -1,0 +1,57 @@
+"""`profiler.traces: flagged`: which ranks keep a window's trace, decided from the exchanged window summaries.
+
+Rank 0 always keeps its traces (one reference rank to open); another rank keeps a window's trace when it is
+the rank of the maximum of a flag field (the rank others wait for, or the one that waits most), or more than
+`profiler.flag_distance_pct` points from the ranks' median there. The others keep only their summary row.
+Every rank decides from the same gathered table, so no further exchange is needed; a window the exchange did
+not cover keeps every trace. `requested` is the hook for windows triggered or requested for given ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from ..layout import HELD_SUFFIX, TRACE_SUFFIX, TRACES_DIR
+from ..profiling.window_summaries import WindowKey
+from ..profiling.window_table import WindowTable
+
+FLAG_FIELDS = ("idle_pct", "exposed_communication_pct", "host_collective_pct")
+"""Device idle, communication nothing hides, and host collectives (gloo's wait on CPU-only ranks)."""
+ALWAYS_KEPT = (0,)
+
+
+def flagged_ranks(table: WindowTable, distance_pct: float) -> set[int]:
+    """Ranks of `table` that stand out in a flag field, plus rank 0."""
+    ranks = set(ALWAYS_KEPT)
+    for field in FLAG_FIELDS:
+        spread = table.spread(field)
+        if spread.argmax_rank < 0:
+            continue  # nobody assessed it (device fields of CPU-only ranks)
+        ranks.add(spread.argmax_rank)
+        for rank, value in zip(table.ranks, table.column(field), strict=True):
+            if not math.isnan(value) and abs(value - spread.median) > distance_pct:
+                ranks.add(rank)
+    return ranks
+
+
+def settle_held_traces(
+    run_dir: Path,
+    rank: int,
+    tables: Mapping[WindowKey, WindowTable],
+    distance_pct: float,
+    requested: Mapping[WindowKey, Collection[int]] | None = None,
+) -> dict[WindowKey, bool]:
+    """Rename this rank's held traces to their final names where it is flagged (or requested), delete the rest."""
+    kept = {}
+    for held in sorted((run_dir / TRACES_DIR).glob(f"*/window_*/rank{rank}{TRACE_SUFFIX}{HELD_SUFFIX}")):
+        key = (held.parent.parent.name, int(held.parent.name.removeprefix("window_")))
+        table = tables.get(key)
+        keep = table is None or rank in flagged_ranks(table, distance_pct) or rank in (requested or {}).get(key, ())
+        if keep:
+            held.replace(held.with_name(held.name.removesuffix(HELD_SUFFIX)))
+        else:
+            held.unlink()
+        kept[key] = keep
+    return kept
