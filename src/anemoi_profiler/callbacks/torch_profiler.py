@@ -308,7 +308,10 @@ class TorchProfilerCallback(ProfilerCallback):
         tables = exchange_summaries(self.session.exchange, self.session.run_dir, mine)
         if self.config.profiler.traces == "flagged":
             distance = self.config.profiler.flag_distance_pct
-            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance)
+            # a triggered or requested window keeps the traces of the ranks it was opened for
+            plans = self._watch.plans if self._watch is not None else []
+            requested = {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
+            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance, requested)
         if not self.session.is_global_zero:
             return
         write_tables(self.session.run_dir, tables)

@@ -182,7 +182,8 @@ def window_entries(run_dir: Path, plans: list[WindowPlan], active: dict[str, int
         stage, window = folder.parent.name, int(folder.name.removeprefix("window_"))
         if (stage, window) in triggered or not folder.is_dir():
             continue
-        ranks = sorted(int(path.name.removeprefix("rank").removesuffix(TRACE_SUFFIX)) for path in folder.glob("rank*"))
+        traces = folder.glob(f"rank*{TRACE_SUFFIX}")  # not the held ones of `profiler.traces: flagged`
+        ranks = sorted(int(path.name.removeprefix("rank").removesuffix(TRACE_SUFFIX)) for path in traces)
         entries.append(
             {"window": window, "stage": stage, "start_batch": None, "steps": active.get(stage), "ranks": ranks,
              "reason": "schedule", "decided_at_step": None, "evidence": None}
