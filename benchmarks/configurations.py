@@ -155,6 +155,7 @@ CONFIGURATIONS: dict[str, Callable[[Bench, Path], Setup]] = {
     "ours: always-on": lambda bench, folder: ours(bench, "simple", ALWAYS_ON_BUSY),
     "ours: simple preset": lambda bench, folder: ours(bench, "simple"),
     "ours: detailed preset": lambda bench, folder: ours(bench, "detailed", without_end_of_run_hta()),
+    "ours: simple preset, triggers armed": lambda bench, folder: ours(bench, "simple", ["triggers.enabled=true"]),
     "Lightning ThroughputMonitor": lambda bench, folder: Setup([ThroughputMonitor(batch_size_fn=samples_in)]),
     "Lightning DeviceStatsMonitor": lambda bench, folder: Setup([DeviceStatsMonitor()]),
     "Lightning SimpleProfiler": lambda bench, folder: Setup(

@@ -12,7 +12,8 @@ torchrun, one launcher per node (here two "nodes" on one machine; on a cluster u
 
 The job gets one run folder and one MLflow run (rank 0 creates both and tells the others), whatever the
 launcher. Pass profiler options as `key=value` after the flags, e.g. `distributed.profiled_ranks=[1]`.
-`--slow-rank R --slow-ms MS` makes one rank sleep in every training step (a straggler the others wait for), and
+`--slow-rank R --slow-ms MS` makes one rank sleep in every training step (a straggler the others wait for; from
+step N on with `--slow-from-step N`), and
 `--slow-data-rank R --slow-data-ms MS` makes one rank's dataloader slow; `--fail-on-rank R --fail-at-step N` makes
 one rank raise, to see the job end instead of hanging; with
 `DDP_TRAIN_DUMP_STACKS_AFTER_S=S` in the environment every process prints its Python stacks after S seconds,
@@ -50,6 +51,7 @@ class SmallRegressor(pl.LightningModule):
         fail_at_step: int = 0,
         slow_rank: int | None = None,
         slow_s: float = 0.0,
+        slow_from_step: int = 0,
     ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(FEATURES, width), nn.ReLU(), nn.Linear(width, 1))
@@ -57,6 +59,7 @@ class SmallRegressor(pl.LightningModule):
         self.fail_at_step = fail_at_step
         self.slow_rank = slow_rank
         self.slow_s = slow_s
+        self.slow_from_step = slow_from_step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -64,7 +67,7 @@ class SmallRegressor(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_rank == self.fail_on_rank and self.global_step >= self.fail_at_step:
             raise RuntimeError(f"injected failure on rank {self.global_rank} at step {self.global_step}")
-        if self.global_rank == self.slow_rank:
+        if self.global_rank == self.slow_rank and self.global_step >= self.slow_from_step:
             time.sleep(self.slow_s)
         x, y = batch
         loss = nn.functional.mse_loss(self(x), y)
@@ -126,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (gradient accumulation)")
     parser.add_argument("--slow-rank", type=int, help="global rank that sleeps in every training step")
     parser.add_argument("--slow-ms", type=float, default=60.0, help="how long --slow-rank sleeps per step")
+    parser.add_argument("--slow-from-step", type=int, default=0, help="first step in which --slow-rank sleeps")
     parser.add_argument("--slow-data-rank", type=int, help="global rank whose dataloader is slow")
     parser.add_argument("--slow-data-ms", type=float, default=60.0, help="extra time per batch of --slow-data-rank")
     parser.add_argument(
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         fail_at_step=args.fail_at_step,
         slow_rank=args.slow_rank,
         slow_s=args.slow_ms / 1000,
+        slow_from_step=args.slow_from_step,
     )
     trainer.fit(model, train, val)
     if args.save_weights and trainer.global_rank == 0:

@@ -47,8 +47,8 @@ def build_callbacks(
         callbacks.append(ModelSummaryCallback(session=session, input_fn=input_fn))
     if config.memory_snapshot.enabled:
         callbacks.append(MemorySnapshotCallback(session=session))
-    if config.profiler.enabled:
-        callbacks.append(TorchProfilerCallback(session=session))
+    if config.profiler.enabled or config.triggers.enabled:  # triggered windows need the profiler's callback
+        callbacks.append(TorchProfilerCallback(session=session, scheduled=config.profiler.enabled))
     if config.hta.enabled:
         callbacks.append(HtaCallback(session=session))  # last: it reads the traces the others wrote
     if not callbacks:

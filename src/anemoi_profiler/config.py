@@ -35,6 +35,7 @@ from .config_sections import (
     TimingConfig,
     TorchProfilerConfig,
     TrackingConfig,
+    TriggersConfig,
     _opt,
 )
 
@@ -68,6 +69,7 @@ class ProfilerConfig:
     hta: HtaConfig = _opt(HtaConfig, HtaConfig.__doc__)
     distributed: DistributedConfig = _opt(DistributedConfig, DistributedConfig.__doc__)
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
+    triggers: TriggersConfig = _opt(TriggersConfig, TriggersConfig.__doc__)
 
     @classmethod
     def load(cls, source: ConfigSource | None = None, overrides: Iterable[str] = ()) -> ProfilerConfig:
@@ -158,6 +160,7 @@ class ProfilerConfig:
         counting_ok = self.distributed.item_counting in ITEM_COUNTING
         checks.append(("distributed.item_counting", counting_ok, " or ".join(repr(c) for c in ITEM_COUNTING)))
         checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
+        checks += _trigger_checks(self.triggers)
         for key, ok, allowed in checks:
             if not ok:
                 raise ConfigError(f"{key}: got {_value_at(self, key)!r}, expected {allowed}")
@@ -174,6 +177,17 @@ class ProfilerConfig:
     def fingerprint(self) -> str:
         """8 hex digits identifying the resolved config, used in run folder names."""
         return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:8]
+
+
+def _trigger_checks(triggers: TriggersConfig) -> list[tuple[str, bool, str]]:
+    integers = {"warmup_intervals": 0, "baseline_intervals": 5, "confirm_intervals": 1, "memory_intervals": 1}
+    integers |= {"steps": 1, "profiler_warmup": 0, "cooldown_steps": 0, "max_windows": 0}
+    checks = [
+        (f"triggers.{name}", getattr(triggers, name) >= low, f"an integer >= {low}") for name, low in integers.items()
+    ]
+    for name in ("sigmas", "min_slowdown", "min_lag", "min_memory_growth", "request_poll_s"):
+        checks.append((f"triggers.{name}", getattr(triggers, name) > 0, "a number > 0"))
+    return checks
 
 
 def reference(node: Any = None, prefix: str = "") -> list[tuple[str, str, Any, str]]:

@@ -196,6 +196,43 @@ class DistributedConfig:
 
 
 @dataclass
+class TriggersConfig:
+    """Profiling windows that open themselves when training changes (docs/profiling.md, Triggered windows)."""
+
+    enabled: bool = _opt(False, "Watch the training log intervals and open a profiling window when a trigger fires.")
+    drift: bool = _opt(True, "Trigger on a sustained rise of the step time (reason 'drift').")
+    slow_rank: bool = _opt(
+        True,
+        "Trigger when one rank becomes the one the others wait for (reason 'slow-rank'; needs distributed.straggler).",
+    )
+    memory: bool = _opt(True, "Trigger when a rank's peak memory rises interval after interval (reason 'memory').")
+    warmup_intervals: int = _opt(
+        2, "Log intervals after throughput.warmup_steps that no baseline uses and no memory climb counts."
+    )
+    baseline_intervals: int = _opt(
+        20, "Recent in-control log intervals a baseline (median and MAD) keeps; 5 are needed before a trigger fires."
+    )
+    confirm_intervals: int = _opt(2, "Consecutive log intervals beyond the threshold before drift or slow-rank fires.")
+    sigmas: float = _opt(3.5, "Threshold in baseline spreads (1.4826 x MAD) beyond the baseline median.")
+    min_slowdown: float = _opt(0.05, "Drift: smallest relative slowdown of each confirming interval (0.05 = 5 %).")
+    min_lag: float = _opt(
+        0.10, "Slow rank: smallest lag of the awaited rank beyond its baseline, as a share of the step time."
+    )
+    memory_intervals: int = _opt(5, "Memory: consecutive log intervals in which a rank's peak memory rises.")
+    min_memory_growth: float = _opt(0.05, "Memory: smallest growth over those intervals (0.05 = 5 %).")
+    steps: int = _opt(3, "Batches recorded per triggered window.")
+    profiler_warmup: int = _opt(1, "Batches traced but discarded before them.")
+    cooldown_steps: int = _opt(500, "Training steps after a triggered window before the next may open.")
+    max_windows: int = _opt(3, "Triggered windows per run at most (requested windows do not count).")
+    requests: bool = _opt(
+        True,
+        "Serve windows asked for with `anemoi-profiler request`: rank 0 polls the run folder, its MLflow sender the "
+        "run's profiler.request tag.",
+    )
+    request_poll_s: float = _opt(5.0, "Seconds between rank 0's looks for a request file (off the training thread).")
+
+
+@dataclass
 class ReportConfig:
     """The end-of-run report: which renderings to make."""
 

@@ -2,7 +2,7 @@
 
 ```
 <output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
-  config.yaml  environment.json  metrics.json  steps.json
+  config.yaml  environment.json  metrics.json  steps.json  windows.json  window_request.json
   report.txt  report.json  report.html  plots/<name>.svg
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
@@ -50,6 +50,10 @@ WINDOW_SUMMARY = "window_summary"
 MEMORY_DIR = "memory"
 HTA_DIR = "hta"
 HTA_SUMMARY_FILE = "summary.json"
+WINDOWS_FILE = "windows.json"
+REQUEST_FILE = "window_request.json"
+"""A profiling window asked for by `anemoi-profiler request`, answered with the step it was served at."""
+"""Every profiling window of the run, scheduled, triggered or requested, with its reason and evidence."""
 SPOOL_DIR = "spool"
 RUN_INFO_FILE = "run.json"
 """In each spool folder: the tracking URI (redacted), experiment, run id and run name the spool belongs to."""

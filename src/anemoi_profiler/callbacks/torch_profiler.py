@@ -27,7 +27,9 @@ from ..run.flagged_traces import settle_held_traces
 from ..run.intervals import STAGES
 from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
+from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
 from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
+from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
 
 log = logging.getLogger(__name__)
@@ -37,9 +39,15 @@ class TorchProfilerCallback(ProfilerCallback):
     """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`."""
 
     def __init__(
-        self, config: ProfilerConfig | ConfigSource | None = None, session: ProfilerSession | None = None
+        self,
+        config: ProfilerConfig | ConfigSource | None = None,
+        session: ProfilerSession | None = None,
+        scheduled: bool = True,
     ) -> None:
+        """`scheduled=False`: only triggered windows (what `build_callbacks` adds for triggers without profiler)."""
         super().__init__(config, session)
+        self._scheduled = scheduled
+        self._watch: TriggerWatch | None = None
         self._windows: ProfilingWindows | None = None
         self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)
 
@@ -53,14 +61,18 @@ class TorchProfilerCallback(ProfilerCallback):
                 conflicting,
             )
             self.disabled = True
+            if self.session.triggers is not None:
+                self.session.triggers.close()
             return
         options = self.config.profiler
         assert self.session.run_dir is not None
         self._schedules = {stage: WindowSchedule.from_config(getattr(options, stage)) for stage in STAGES}
         # A rank outside `distributed.profiled_ranks` keeps empty spans: each batch costs one comparison.
         profiled = self.config.is_profiled_rank(self.session.global_rank)
+        self._watch = self.session.triggers
+        self._triggered: WindowPlan | None = None  # the triggered window this rank records now
         self._windows = None
-        if profiled:
+        if profiled or self._watch is not None:  # a triggered window may name any rank
             self._windows = ProfilingWindows(
                 self.session.run_dir,
                 self.session.global_rank,
@@ -69,7 +81,12 @@ class TorchProfilerCallback(ProfilerCallback):
                 trainer_info.root_device(trainer),
             )
         self._recorders = dict.fromkeys(STAGES)
-        self._spans = {stage: (s.start, s.end) if profiled else (0, 0) for stage, s in self._schedules.items()}
+        scheduled = profiled and self._scheduled
+        self._spans = {stage: (s.start, s.end) if scheduled else (0, 0) for stage, s in self._schedules.items()}
+        self._scheduled_spans = dict(self._spans)
+        if self.session.is_global_zero:
+            self.session.after_release(self._list_windows)
+        self._publish_status()
         self._batches = dict.fromkeys(STAGES, 0)  # train: over the whole fit; val: in this validation run
         self._val_profiled = False
         self._val_length_checked = False
@@ -86,6 +103,9 @@ class TorchProfilerCallback(ProfilerCallback):
 
     @guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._watch is not None and self._watch.pending is not None and self._recorders["train"] is None:
+            with self.session.own_work.measure():  # answering a request writes a file: not training time
+                self._open_triggered(self._batches["train"])
         start, end = self._spans["train"]
         if start <= self._batches["train"] < end:
             self._begin_batch("train")
@@ -197,6 +217,54 @@ class TorchProfilerCallback(ProfilerCallback):
             if finished + 1 >= self._spans[stage][1]:
                 self._stop(stage)
 
+    def _open_triggered(self, batch: int) -> None:
+        """Open the pending triggered window at `batch` on the ranks it names; every rank numbers it the same.
+
+        It waits while it would overlap the scheduled training windows (one torch profiler at a time).
+        """
+        assert self._watch is not None and self._watch.pending is not None and self._windows is not None
+        schedule = self._schedules["train"]
+        length = self._watch.warmup + self._watch.steps
+        if self._scheduled and batch + length > schedule.start and batch < schedule.end:
+            return
+        scheduled_before = schedule.repeat if self._scheduled and batch >= schedule.end else 0
+        plan = self._watch.open_pending(scheduled_before + len(self._watch.plans), batch + self._watch.warmup)
+        assert plan is not None and plan.window is not None
+        self._windows.number_next_window("train", plan.window)
+        if self.session.global_rank in plan.ranks:
+            triggered = WindowSchedule(batch, 0, plan.warmup, plan.steps, 1)
+            self._schedules["train"], self._spans["train"] = triggered, (triggered.start, triggered.end)
+            self._triggered = plan
+        else:
+            self._windows.number_next_window("train", plan.window + 1)
+        if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
+            self._write_windows()
+            if plan.request is not None and self.session.sink is not None:
+                self.session.sink.set_tags({SERVED_TAG: served_tag(plan.request)})
+        self._publish_status()
+
+    def _list_windows(self) -> ReportSection | None:
+        """Rank 0, after the other ranks wrote their traces: windows.json and the report's list of windows."""
+        entries = self._write_windows()
+        self._publish_status()
+        return windows_section(entries)
+
+    def _write_windows(self) -> list[dict[str, Any]]:
+        assert self.session.run_dir is not None
+        plans = self._watch.plans if self._watch is not None else []
+        active = {stage: schedule.active for stage, schedule in self._configured_schedules().items()}
+        entries = window_entries(self.session.run_dir, plans, active)
+        write_windows(self.session.run_dir, entries)
+        return entries
+
+    def _publish_status(self) -> None:
+        """Rank 0: the run's `profiler.triggers` tag says what is armed, the windows left, the last trigger."""
+        if self._watch is not None and self.session.is_global_zero and self.session.sink is not None:
+            self.session.sink.set_tags({TRIGGERS_TAG: self._watch.status()})
+
+    def _configured_schedules(self) -> dict[str, WindowSchedule]:
+        return {stage: WindowSchedule.from_config(getattr(self.config.profiler, stage)) for stage in STAGES}
+
     def _durations_add(self, name: str, since: float) -> None:
         assert self._windows is not None
         self._windows.durations.add(name, time.perf_counter() - since)
@@ -205,6 +273,10 @@ class TorchProfilerCallback(ProfilerCallback):
         recorder, self._recorders[stage] = self._recorders[stage], None
         if recorder is not None:
             recorder.stop()
+        if stage == "train" and self._triggered is not None:  # back to the scheduled windows
+            self._triggered = None
+            self._schedules["train"] = self._configured_schedules()["train"]
+            self._spans["train"] = self._scheduled_spans["train"]
 
     def _warn_shortfall(self, stage: str, batches: int, run: str) -> None:
         problem = self._schedules[stage].shortfall(batches, f"profiler.{stage}", run)
@@ -236,7 +308,10 @@ class TorchProfilerCallback(ProfilerCallback):
         tables = exchange_summaries(self.session.exchange, self.session.run_dir, mine)
         if self.config.profiler.traces == "flagged":
             distance = self.config.profiler.flag_distance_pct
-            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance)
+            # a triggered or requested window keeps the traces of the ranks it was opened for
+            plans = self._watch.plans if self._watch is not None else []
+            requested = {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
+            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance, requested)
         if not self.session.is_global_zero:
             return
         write_tables(self.session.run_dir, tables)
@@ -264,6 +339,8 @@ class TorchProfilerCallback(ProfilerCallback):
         return upload.note
 
     def stop_background_work(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         for stage in STAGES:
             try:
                 self._stop(stage)

@@ -1,4 +1,4 @@
-"""`anemoi-profiler <command>`: demo, component, report, compare, config, analyze, summarize, sync."""
+"""`anemoi-profiler <command>`: demo, component, report, compare, config, analyze, summarize, sync, request."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 import sys
 
 from ..config import ConfigError
-from . import analyze, compare, component, config, demo, report, summarize, sync
+from . import analyze, compare, component, config, demo, report, request, summarize, sync
 
-COMMANDS = (demo, component, report, compare, config, analyze, summarize, sync)
+COMMANDS = (demo, component, report, compare, config, analyze, summarize, sync, request)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,11 @@ class ProfilingWindows:
             self.step_memory.start_step()
         return recorder
 
+    def number_next_window(self, stage: str, window: int) -> None:
+        """Number the stage's next window `window`: triggered windows that this rank does not record still
+        take their number, so `window_<k>` is the same window on every rank."""
+        self.completed[stage] = window
+
     def batch_starting(self, stage: str, schedule: WindowSchedule, batch: int) -> None:
         """Warn before a window whose trace will be over the budget (judged from the previous one)."""
         if self.traces is not None and schedule.starts_cycle(batch):

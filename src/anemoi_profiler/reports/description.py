@@ -11,6 +11,8 @@ from .diagnosis import NotAssessed, Outcome, fired
 from .run_data import RunData
 
 HEADING = "**anemoi-profiler: what limits this run**"
+WINDOWS_SECTION = "Profiling windows"
+"""The report section that lists every profiling window (`run.triggers.windows_section`)."""
 KEY_FIGURES = {
     "throughput/train/samples_per_sec": ("training samples/s", ""),
     "throughput/train/items_per_sec": ("training items/s", ""),
@@ -50,12 +52,26 @@ def run_description(run: RunData, outcomes: dict[str, Outcome], report_location:
     figures = key_figures(run)
     if figures:
         lines += ["", "Median log interval: " + " · ".join(f"{label} **{md(v)}**" for label, v in figures.items())]
+    triggered = triggered_windows(run)
+    if triggered:
+        lines += ["", "Profiling windows opened by a trigger or a request: " + "; ".join(map(md, triggered)) + "."]
     lines += ["", f"Full report with plots and operator tables: {report_location}."]
     not_assessed = {name: o.reason for name, o in outcomes.items() if isinstance(o, NotAssessed)}
     if not_assessed:
         reasons = "; ".join(f"{name} ({md(reason)})" for name, reason in not_assessed.items())
         lines += ["", f"Not assessed: {reasons}."]
     return "\n".join(lines)
+
+
+def triggered_windows(run: RunData) -> list[str]:
+    """`train window 2 (drift) at batch 121 on ranks 0,1` for each window not from the schedule."""
+    windows = run.sections.get(WINDOWS_SECTION, {}).get("data", {}).get("windows", [])
+    return [
+        f"{w['stage']} window {w['window']} ({w['reason']}) at batch {w['start_batch']} on ranks "
+        + ",".join(map(str, w["ranks"]))
+        for w in windows
+        if w.get("reason") != "schedule"
+    ]
 
 
 def md(text: object) -> str:

@@ -102,6 +102,10 @@ class RankTotals:
     epoch_start_s: float = 0.0
     """Time from training epochs' starts to their first batches, outside `elapsed_s` (see `StageMeter.pause`)."""
     epoch_starts: float = 0.0
+    requested_steps: float = 0.0
+    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
+    requested_ranks: float = 0.0
+    """Its ranks as a bit mask; 0: the configured profiled ranks."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):

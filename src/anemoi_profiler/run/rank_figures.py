@@ -57,12 +57,9 @@ def gap_figures(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
 
 def collective_wait_figures(ranks: list[RankTotals]) -> dict[str, float]:
     """Empty unless every rank timed its gradient all-reduce (with one rank there is nobody to wait for)."""
-    if len(ranks) < 2 or not all(rank.sync_steps for rank in ranks):
+    waits = collective_waits_ms(ranks)
+    if waits is None:
         return {}
-    least_loop = min(rank.loop_s / rank.sync_steps for rank in ranks)
-    waits = [
-        (rank.collective_wait_s / rank.sync_steps + rank.loop_s / rank.sync_steps - least_loop) * 1000 for rank in ranks
-    ]
     straggler = min(range(len(waits)), key=waits.__getitem__)
     others = [wait - waits[straggler] for index, wait in enumerate(waits) if index != straggler]
     return {
@@ -72,6 +69,16 @@ def collective_wait_figures(ranks: list[RankTotals]) -> dict[str, float]:
         "time/train/straggler_ms": mean(others),
         "throughput/train/slowest_rank": float(straggler),
     }
+
+
+def collective_waits_ms(ranks: list[RankTotals]) -> list[float] | None:
+    """Each rank's collective wait per optimizer step (ms), by rank; None unless every rank timed it."""
+    if len(ranks) < 2 or not all(rank.sync_steps for rank in ranks):
+        return None
+    least_loop = min(rank.loop_s / rank.sync_steps for rank in ranks)
+    return [
+        (rank.collective_wait_s / rank.sync_steps + rank.loop_s / rank.sync_steps - least_loop) * 1000 for rank in ranks
+    ]
 
 
 def memory_figures(ranks: list[RankTotals]) -> dict[str, float]:

@@ -30,6 +30,7 @@ from .metric_history import MetricHistory
 from .own_work import OwnWorkClock
 from .parallelism import Parallelism, detect_parallelism
 from .stage_clock import StageClock
+from .triggers import TriggerWatch
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class ProfilerSession:
         self.exchange = RankExchange()  # local until the session starts on every rank
         self.own_work = OwnWorkClock()
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
+        self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         if self.config.tracking.enabled:  # MLflow's client starts while the fit sets up (a logger may name another URI)
             prestart_tracking(self.config.tracking.uri)
@@ -142,6 +144,7 @@ class ProfilerSession:
             GradientSyncTimer(device, self.parallelism.data_parallel_size, distributed.straggler),
             lambda: not self.failed,
         )
+        self.triggers = None
         self._started = time.time()
         self._status = "FINISHED"
         self._summary_metrics = {}
@@ -157,6 +160,9 @@ class ProfilerSession:
         if shared is None:
             return
         self.run_dir = Path(shared)
+        if self.config.triggers.enabled:
+            self.triggers = TriggerWatch.of_config(self.config, self.world_size, self.global_rank, self.run_dir)
+            self.stage_clock.train_exchange = self.triggers
         self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer)
 

@@ -46,6 +46,12 @@ class Listener(Protocol):
     ) -> None: ...
 
 
+class TrainExchangeHook(Protocol):
+    def outgoing(self, local: RankTotals) -> None: ...
+
+    def received(self, step: int, ranks: list[RankTotals]) -> None: ...
+
+
 class StageClock:
     """Made by the session when it starts; `exchanges_allowed()` turns False once a rank failed."""
 
@@ -77,6 +83,8 @@ class StageClock:
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
+        self.train_exchange: TrainExchangeHook | None = None
+        """Set by the session when triggers are on: adds to each training exchange and reads what it gathered."""
         """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
@@ -215,6 +223,8 @@ class StageClock:
         for listener in self.listeners:
             for name, value in listener.rank_values(stage).items():
                 setattr(local, name, value)
+        if stage == "train" and self.train_exchange is not None:
+            self.train_exchange.outgoing(local)
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = self._gather(local)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
@@ -231,6 +241,8 @@ class StageClock:
             for rank_sums, rank in zip(sums, ranks, strict=True):
                 rank_sums.add(rank)
             self.exchanged[stage] = sums
+        if ranks and stage == "train" and self.train_exchange is not None:
+            self.train_exchange.received(trainer_info.global_step(trainer), ranks)
         if laps:
             for listener in self.listeners:
                 listener.report_laps(trainer, stage, laps, ranks)

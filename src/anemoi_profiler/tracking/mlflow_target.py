@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..redaction import REDACTED, redact_text, redact_uri
+from ..triggers.requests import REQUEST_TAG, relay_tag
 from .records import Batch
 from .spool import read_run_info, write_run_info
 from .uris import artifact_location_for
@@ -30,6 +31,8 @@ KEPT_TAGS = ("mlflow.source.git.commit",)
 """Tags a run keeps when it has them: MLflow's git context of the user's script is better than our working folder's."""
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 """On experiments the profiler creates (never on the user's): MLflow's UI kind for model training."""
+RELAY_INTERVAL_S = 5.0
+"""Seconds between the sender's looks at the run's `profiler.request` tag (one `get_run`)."""
 REFUSED_FOR_CONTENT = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS")
 """MLflow error codes of a request refused for what it holds, not because the server is away."""
 
@@ -43,6 +46,7 @@ class MlflowTarget:
         self.tracking_uri = tracking_uri or _without_redacted_credentials(self.info["tracking_uri"])
         self.info_unsaved = False  # the run id is not in run.json yet: the disk refused it
         self._client: Any = None
+        self._relayed_at = 0.0
 
     @property
     def run_id(self) -> str | None:
@@ -147,6 +151,21 @@ class MlflowTarget:
         if batch.terminate:
             self._call(self._terminate, client, run_id, batch.terminate)
             batch.terminate = None
+
+    def relay_request(self) -> None:
+        """Rank 0's sender with triggers on, during the run: a window request in the run's tags goes to the run
+        folder's file."""
+        if not self.info.get("relay_requests") or not self.run_id:
+            return
+        if time.monotonic() - self._relayed_at < RELAY_INTERVAL_S:
+            return
+        self._relayed_at = time.monotonic()
+        try:  # never a failed send for it: the batch went through
+            tag = self.client().get_run(self.run_id).data.tags.get(REQUEST_TAG)
+            if tag:
+                relay_tag(self.spool_dir.parent.parent, tag)  # <run folder>/spool/rank0
+        except Exception as error:
+            log.debug("anemoi-profiler: looking for a window request in the run's tags: %s", error)
 
     def _terminate(self, client: Any, run_id: str, status: str) -> None:
         """`set_terminated`, except that with credentials in the URI the run's URL is not printed to stdout:

@@ -357,6 +357,8 @@ def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> b
                 replay_spool(target.spool_dir, target)
             elif batch is not None:
                 target.send(batch)
+            if request["op"] in ("replay", "send"):
+                target.relay_request()  # a window request in the run's tags, to the run folder
         except Exception as error:
             first_line = (str(error).splitlines() or [""])[0]
             reply = {"ok": False, "error": redact_text(f"{type(error).__name__}: {first_line}")}

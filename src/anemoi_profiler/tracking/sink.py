@@ -54,7 +54,9 @@ class TrackingSink:
         key_prefix: str = "",
         flush_interval_s: float = 5.0,
         retry_interval_s: float = 30.0,
+        relay_requests: bool = False,
     ) -> None:
+        """`relay_requests`: the sender copies a window request from the run's tags to the run folder."""
         self.spool_dir = spool_dir
         self.owns_run = run_id is None
         self.key_prefix = key_prefix
@@ -68,6 +70,7 @@ class TrackingSink:
                 "experiment": experiment,
                 "run_id": run_id,
                 "run_name": run_name,
+                "relay_requests": relay_requests,
             },
         )
         self.tracking_uri = tracking_uri

@@ -1,0 +1,1 @@
+"""Profiling windows that open themselves: detectors fed with the per-interval figures, and their budget."""
