@@ -83,9 +83,9 @@ class StageClock:
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
+        """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
         self.train_exchange: TrainExchangeHook | None = None
         """Set by the session when triggers are on: adds to each training exchange and reads what it gathered."""
-        """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
         """Add a listener; True when it is the first, which then drives the clock from its hooks."""
