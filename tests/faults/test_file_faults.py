@@ -185,6 +185,38 @@ def test_two_jobs_creating_the_same_experiment_at_once_both_get_their_run(
     assert metric_steps(store, only_run(store, "shared").info.run_id, "loss") == [1]
 
 
+def test_a_run_created_but_not_answered_is_found_not_made_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Callable[[Path], str]
+) -> None:
+    """The server makes the run, then goes away before it answers: the retry finds that run by its key."""
+    from mlflow.tracking import MlflowClient
+
+    store = new_store(tmp_path / "mlflow.db")
+    create = MlflowClient.create_run
+    lost: list[str] = []
+
+    def create_then_lose_the_answer(client: MlflowClient, *args: Any, **kwargs: Any) -> Any:
+        run = create(client, *args, **kwargs)
+        if not lost:
+            lost.append(run.info.run_id)
+            raise ConnectionError("Remote end closed connection without response")
+        return run
+
+    monkeypatch.setattr(MlflowClient, "create_run", create_then_lose_the_answer)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    run_file = {"tracking_uri": store, "experiment": "e", "run_id": None, "run_name": "r", "tags": {}}
+    (spool / RUN_FILE).write_text(json.dumps(run_file))
+    with pytest.raises(ConnectionError):
+        MlflowTarget(spool, store).send(Batch(metrics=[["loss", 1.0, 0, 1]]))
+    # The sender retries with what run.json holds (a later `sync` does the same).
+    MlflowTarget(spool, store).send(Batch(metrics=[["loss", 1.0, 0, 1]], terminate="FINISHED"))
+    run = only_run(store, "e")
+    assert [run.info.run_id] == lost
+    assert run.info.status == "FINISHED"
+    assert metric_steps(store, run.info.run_id, "loss") == [1]
+
+
 @pytest.mark.slow
 def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     tmp_path: Path, new_store: Callable[[Path], str]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 """On experiments the profiler creates (never on the user's): MLflow's UI kind for model training."""
 RELAY_INTERVAL_S = 5.0
 """Seconds between the sender's looks at the run's `profiler.request` tag (one `get_run`)."""
+CREATE_KEY_TAG = "profiler.create_key"
+"""Set on the run when it is created: how a retried create finds the run an unanswered one made."""
 REFUSED_FOR_CONTENT = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS")
 """MLflow error codes of a request refused for what it holds, not because the server is away."""
 
@@ -64,8 +67,21 @@ class MlflowTarget:
             return self.run_id
         client = self.client()
         experiment_id = self._experiment_id(client)
-        # Tags come as records (`Tags`); run.json of 0.1.0 still names some to create the run with.
-        run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=self.info.get("tags"))
+        # A create whose answer was lost (the server went away mid-request) may still have made the run: an
+        # earlier attempt's key finds it, so that a retry, or `sync` later, does not make a second run.
+        key = self.info.get("create_key")
+        found = key and client.search_runs(
+            [experiment_id], filter_string=f"tags.`{CREATE_KEY_TAG}` = '{key}'", max_results=1
+        )
+        if found:
+            run = found[0]
+        else:
+            key = key or uuid.uuid4().hex
+            self.info["create_key"] = key
+            self.save_info()
+            # Tags come as records (`Tags`); run.json of 0.1.0 still names some to create the run with.
+            tags = {**(self.info.get("tags") or {}), CREATE_KEY_TAG: key}
+            run = client.create_run(experiment_id, run_name=self.info.get("run_name"), tags=tags)
         self.info["run_id"] = run.info.run_id
         self.info["experiment_id"] = experiment_id
         self.save_info()
