@@ -4,6 +4,7 @@ in `layout.py`, and the commands that need no training start without torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,21 @@ def test_commands_that_train_nothing_start_without_torch(argv: list[str]) -> Non
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "torch imported: False lightning imported: False" in result.stdout, result.stdout + result.stderr
+
+
+METRIC_NAME = re.compile(r"(throughput|time|memory|system|summary|hta)/[\w{}<>/-]*")
+TESTS = Path(__file__).resolve().parent
+
+
+def test_metric_names_are_spelled_only_in_the_names_module() -> None:
+    """Writers, readers and tests take metric names from `anemoi_profiler.names` (an f-string's fixed parts too);
+    test_metric_names.py alone spells them, to pin the public ones against docs/metrics.md."""
+    exempt = {PACKAGE / "names.py", TESTS / "test_metric_names.py"}
+    spelled = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]):
+        if path in exempt:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and METRIC_NAME.fullmatch(node.value):
+                spelled.append(f"{path.relative_to(PACKAGE.parents[1])}:{node.lineno} {node.value!r}")
+    assert not spelled, spelled

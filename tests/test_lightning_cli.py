@@ -16,7 +16,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import StepTimingCallback, SystemMetricsCallback, ThroughputCallback
+from anemoi_profiler import StepTimingCallback, SystemMetricsCallback, ThroughputCallback, names
 from anemoi_profiler.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -75,8 +75,8 @@ def test_lightning_cli_example_puts_every_callback_into_the_loggers_run(tmp_path
     assert {"Throughput", "Step time and memory", "System"} <= set(sections(folder))
     client = MlflowClient("sqlite:///" + str(tmp_path / "mlflow.db"))
     (run,) = client.search_runs([client.get_experiment_by_name("lightning-cli").experiment_id])
-    assert {"train/loss", "throughput/train/samples_per_sec", "time/train/step_ms", "system/cpu_utilization_percentage",
-            "summary/train/samples_per_sec"} <= set(run.data.metrics)  # fmt: skip
+    assert {"train/loss", names.TRAIN_SAMPLES_PER_SEC, names.TRAIN_STEP_MS, names.CPU_UTILIZATION,
+            names.SUMMARY_TRAIN_SAMPLES_PER_SEC} <= set(run.data.metrics)  # fmt: skip
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "profiler")}
     assert "profiler/report.txt" in artifacts
     saved = client.download_artifacts(run.info.run_id, "lightning_cli/config.yaml", str(tmp_path))

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import names
 from .config import ConfigError, ProfilerConfig
 from .layout import TRACES_DIR
 from .profiling.durations import DurationStats
@@ -239,10 +240,10 @@ def _component_section(calls: DurationStats, steps: int) -> tuple[ReportSection,
     metrics: dict[str, float] = {}
     if "first call" in stats:
         values["first call (compiles, warms caches)"] = (stats["first call"]["mean_ms"], "ms")
-        metrics["summary/component/first_call_ms"] = stats["first call"]["mean_ms"]
+        metrics[names.component_summary("first_call_ms")] = stats["first call"]["mean_ms"]
     if "call" in stats:
         for key in ("mean_ms", "p50_ms", "p90_ms", "max_ms"):
             values[f"call {key.removesuffix('_ms')}"] = (stats["call"][key], "ms")
-            metrics[f"summary/component/call_{key}"] = stats["call"][key]
+            metrics[names.component_summary(f"call_{key}")] = stats["call"][key]
     note = "Wall time per call including the profiler's overhead in active steps; the device is synchronized."
     return ReportSection.key_values("Component", values, note), metrics

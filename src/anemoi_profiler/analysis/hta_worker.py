@@ -90,7 +90,7 @@ def gpu_kernel_breakdown(ctx: Context) -> Outcome:
     outcome = Outcome()
     for row in kernel_types.to_dict("records"):
         if " " not in row["kernel_type"]:  # COMPUTATION, not "COMPUTATION overlapping MEMORY"
-            outcome.metrics[f"hta/all_ranks/{row['kernel_type'].lower()}_kernel_time_pct"] = row["percentage"]
+            outcome.metrics[f"all_ranks/{row['kernel_type'].lower()}_kernel_time_pct"] = row["percentage"]
     total_us = kernels["sum (us)"].sum()
     named = kernels[kernels["name"] != "others"]
     top = named.groupby(["name", "kernel_type"])["sum (us)"].sum().nlargest(TOP_KERNELS)
@@ -187,7 +187,9 @@ ANALYSIS_NAMES = tuple(ANALYSES)
 
 
 def rank_metric(rank: int, name: str) -> str:
-    return f"hta/rank{rank}/{name}"
+    """A metric's key below `hta/` (`rank0/idle_pct`): this script runs without the package, so the runner puts
+    the `names.HTA` prefix on every key it reads back."""
+    return f"rank{rank}/{name}"
 
 
 def write_table(table: pd.DataFrame, out_dir: Path, name: str) -> None:
