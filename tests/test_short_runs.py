@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 import anemoi_profiler
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
-from anemoi_profiler.run.session import STARTUP_WAIT_WORTH_SAYING_S
+from anemoi_profiler.run.folder import STARTUP_WAIT_WORTH_SAYING_S
 from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender
 from anemoi_profiler.tracking.sender import NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer

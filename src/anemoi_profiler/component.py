@@ -28,7 +28,7 @@ from .profiling.windows import ProfilingWindows
 from .report import ReportSection, RunReport
 from .run import run_page
 from .run.environment import collect_environment
-from .run.folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .run.folder import open_sink, print_where_to_look, upload_folder, write_run_folder
 from .tracking.uris import resolve_tracking_uri
 
 STAGE = "component"
@@ -153,7 +153,7 @@ def profile_component(
     runnable = torch.compile(target, backend=backend) if backend else target
 
     environment = collect_environment()
-    run_dir = create_folder(config, environment)
+    run_dir = write_run_folder(config, environment)
     described = {
         "target": name,
         "inputs": ", ".join(f"{tuple(i.shape)} {i.dtype}" for i in inputs),

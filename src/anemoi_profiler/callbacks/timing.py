@@ -114,8 +114,9 @@ class StepTimingCallback(StageCallback):
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
+        gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
         for stage in STAGES:
-            across = self._across_ranks(stage, self.gathered_totals(stage))
+            across = self._across_ranks(stage, gathered[stage])
             for key, value in across.items():
                 name = names.summary_of(key).removeprefix(names.SUMMARY)
                 summary[names.summary(name)] = value
@@ -131,14 +132,14 @@ class StepTimingCallback(StageCallback):
         callbacks = self.clock.gaps.callbacks_ms()
         if callbacks:
             values["other callbacks between steps (sampled)"] = (_named(callbacks), "")
-        self.session.add_section(self._ranks_section(summary))
+        self.session.add_section(self._ranks_section(summary, gathered["train"]))
         note = (
             "Per batch: step = the whole cadence; within it, data wait = the fetch from the dataloader, callbacks = "
             "other callbacks' batch hooks between the steps, loop = Lightning's loop between batches."
         )
         return ReportSection.key_values("Step time and memory", values, note), summary
 
-    def _ranks_section(self, summary: dict[str, float]) -> ReportSection | None:
+    def _ranks_section(self, summary: dict[str, float], train: list[RankTotals]) -> ReportSection | None:
         """How ranks share the work and who waits for whom, with host names; data the diagnosis reads too."""
         session = self.session
         if session.world_size < 2:
@@ -152,7 +153,7 @@ class StepTimingCallback(StageCallback):
         reason = self.clock.gradient_sync.not_assessed
         values["collective wait"] = (f"not assessed: {reason}" if reason else "measured per optimizer step", "")
         for label, found in (
-            ("the rank the others wait for", rank_waited_for(self.gathered_totals("train"))),
+            ("the rank the others wait for", rank_waited_for(train)),
             ("largest data wait on", summary.get(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)),
         ):
             if found is not None:
