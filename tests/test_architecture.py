@@ -23,6 +23,10 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+TESTS = Path(__file__).resolve().parent
+SYNTAX_TREES = {path: ast.parse(path.read_text()) for path in [*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]}
+"""Parsed once, at collection, before any test's fit leaves threads running: CPython 3.11's AST constructor can
+miscount its recursion depth while other threads run (SystemError, python/cpython#106905)."""
 
 
 def imported_modules(name: str) -> set[str]:
@@ -30,7 +34,7 @@ def imported_modules(name: str) -> set[str]:
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(SYNTAX_TREES[path]):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,7 +83,7 @@ def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
     for name, path in MODULES.items():
         if name == "anemoi_profiler.layout":
             continue
-        tree = ast.parse(path.read_text())
+        tree = SYNTAX_TREES[path]
         docstrings = {
             id(node.body[0].value)
             for node in ast.walk(tree)
@@ -120,7 +124,6 @@ def test_commands_that_train_nothing_start_without_torch(argv: list[str]) -> Non
 
 
 METRIC_NAME = re.compile(r"(throughput|time|memory|system|summary|hta)/[\w{}<>/-]*")
-TESTS = Path(__file__).resolve().parent
 
 
 def test_metric_names_are_spelled_only_in_the_names_module() -> None:
@@ -128,10 +131,10 @@ def test_metric_names_are_spelled_only_in_the_names_module() -> None:
     test_metric_names.py alone spells them, to pin the public ones against docs/metrics.md."""
     exempt = {PACKAGE / "names.py", TESTS / "test_metric_names.py"}
     spelled = []
-    for path in sorted([*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]):
+    for path in sorted(SYNTAX_TREES):
         if path in exempt:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(SYNTAX_TREES[path]):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and METRIC_NAME.fullmatch(node.value):
                 spelled.append(f"{path.relative_to(PACKAGE.parents[1])}:{node.lineno} {node.value!r}")
     assert not spelled, spelled

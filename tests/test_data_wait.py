@@ -142,7 +142,8 @@ class IteratorModel(TinyRegressor):
 
 def test_a_dataloader_iter_step_still_has_its_fetch_timed(tmp_path: Path) -> None:
     train = DataLoader(SlowDataset(16 * 30), batch_size=16)
-    run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), IteratorModel(), loaders=(train, None))
+    with pytest.warns(UserWarning, match="`dataloader_iter` argument"):  # Lightning: the flavor is experimental
+        run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), IteratorModel(), loaders=(train, None))
 
     assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
 

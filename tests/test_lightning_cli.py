@@ -31,6 +31,7 @@ def _no_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def cli_trainer(callbacks: list[dict[str, Any]], **trainer_args: Any) -> LightningCLI:
     args = {
+        "seed_everything": 0,  # LightningCLI otherwise picks one and warns that it did
         "trainer": {
             "max_steps": 30,
             "accelerator": "cpu",
@@ -40,7 +41,7 @@ def cli_trainer(callbacks: list[dict[str, Any]], **trainer_args: Any) -> Lightni
             "enable_model_summary": False,
             "callbacks": callbacks,
             **trainer_args,
-        }
+        },
     }
     return LightningCLI(TinyRegressor, run=False, args=args, save_config_callback=None)
 
