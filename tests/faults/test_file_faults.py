@@ -194,16 +194,19 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     sync_dir.mkdir()
     store = new_store(output_dir / "mlflow.db")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    job_logs = {batches: (tmp_path / f"job{batches}.log").open("w") for batches in (6, 10)}
     jobs = {
         batches: subprocess.Popen(
             [sys.executable, str(HERE / "start_together.py"), str(output_dir), str(sync_dir), str(batches)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=(tmp_path / f"job{batches}.log").open("w"),
+            stderr=log,
             text=True,
         )
-        for batches in (6, 10)
+        for batches, log in job_logs.items()
     }
+    for log in job_logs.values():
+        log.close()  # each job keeps its own copy
     deadline = time.monotonic() + 180
     while len(list(sync_dir.glob("ready-*"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
