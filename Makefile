@@ -35,9 +35,11 @@ $(OMEGACONF23)/.installed: | $(BIN)/python
 demo: $(VENV)/.installed-base
 	$(BIN)/anemoi-profiler demo $(ARGS)
 
+LINTED := src tests benchmarks examples
+
 test: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -47,7 +49,7 @@ anemoi-e2e:
 	bash ci/anemoi/run.sh
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
+	$(BIN)/ruff check $(LINTED) && $(BIN)/ruff format --check $(LINTED)
 
 docs: $(VENV)/.installed-dev
 	$(BIN)/mkdocs build --strict --site-dir build/site

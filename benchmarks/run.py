@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -369,6 +370,20 @@ def cpu_name() -> str:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "cpu")
 
 
+def checkout_commit() -> str | None:
+    """The commit measured, with "+dirty" when the working tree differs from it: a result names its code."""
+    here = Path(__file__).resolve().parent
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine(device: str, mode_name: str, mode: Mode, bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     try:
         import lightning
@@ -393,6 +408,7 @@ def machine(device: str, mode_name: str, mode: Mode, bench: Bench, args: argpars
         "missing_optional": missing("mlflow", "hta", "pynvml", "anemoi_profiler", "omegaconf", "torchinfo"),
         "h200_baseline": H200_BASELINE,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": checkout_commit(),
     }
     try:
         import mlflow

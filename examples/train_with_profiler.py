@@ -4,7 +4,7 @@
     python examples/train_with_profiler.py --config examples/detailed.yaml throughput.warmup_steps=10
 
 Everything lands in the logger's MLflow run (open it with the `mlflow ui` command printed at the end) and in
-the run folder below `output_dir`.
+the run folder, all below `output_dir` (`output_dir=<folder>` to choose it): nothing in the working directory.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.tracking import artifact_location_for
 
 
 class Regressor(pl.LightningModule):
@@ -50,12 +51,14 @@ def main() -> None:
     config = ProfilerConfig.load(args.config, args.overrides)
     database = Path(config.output_dir).resolve() / "mlflow.db"
     database.parent.mkdir(parents=True, exist_ok=True)
-    logger = MLFlowLogger(experiment_name="examples", tracking_uri=f"sqlite:///{database}")
+    uri = f"sqlite:///{database}"
+    logger = MLFlowLogger(experiment_name="examples", tracking_uri=uri, artifact_location=artifact_location_for(uri))
 
     x = torch.randn(4096, 16)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
     trainer = pl.Trainer(
         max_steps=args.max_steps,
+        default_root_dir=config.output_dir,
         callbacks=build_callbacks(config),
         logger=logger,
         log_every_n_steps=config.log_every_n_steps,

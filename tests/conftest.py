@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -36,3 +37,10 @@ def _isolated_mlflow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytorch_lightning, where installed, warns with its own copy of Lightning's advice category: allowed as
+    lightning's is in pyproject.toml."""
+    if importlib.util.find_spec("lightning_fabric") is not None:
+        config.addinivalue_line("filterwarnings", "ignore::lightning_fabric.utilities.warnings.PossibleUserWarning")

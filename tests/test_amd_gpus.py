@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.system import SystemMetricsCallback
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
@@ -181,4 +181,4 @@ def test_a_rocm_fit_logs_amd_gpus_under_mlflow_names_with_energy_per_sample(
     assert system["gpu_1_memory_usage_megabytes"] > 0
     assert system["energy/joules_per_sample"] == pytest.approx(400.0 / throughput["train/samples_per_sec"], rel=0.05)
     history = json.loads((folder / "metrics.json").read_text())
-    assert "system/gpu_0_energy_joules" in json.dumps(history)
+    assert names.gpu(0, "energy_joules") in json.dumps(history)

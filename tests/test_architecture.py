@@ -4,6 +4,7 @@ in `layout.py`, and the commands that need no training start without torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+TESTS = Path(__file__).resolve().parent
+SYNTAX_TREES = {path: ast.parse(path.read_text()) for path in [*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]}
+"""Parsed once, at collection, before any test's fit leaves threads running: CPython 3.11's AST constructor can
+miscount its recursion depth while other threads run (SystemError, python/cpython#106905)."""
 
 
 def imported_modules(name: str) -> set[str]:
@@ -30,7 +35,7 @@ def imported_modules(name: str) -> set[str]:
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(SYNTAX_TREES[path]):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,7 +84,7 @@ def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
     for name, path in MODULES.items():
         if name == "anemoi_profiler.layout":
             continue
-        tree = ast.parse(path.read_text())
+        tree = SYNTAX_TREES[path]
         docstrings = {
             id(node.body[0].value)
             for node in ast.walk(tree)
@@ -118,3 +123,20 @@ def test_commands_that_train_nothing_start_without_torch(argv: list[str]) -> Non
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "torch imported: False lightning imported: False" in result.stdout, result.stdout + result.stderr
+
+
+METRIC_NAME = re.compile(r"(throughput|time|memory|system|summary|hta)/[\w{}<>/-]*")
+
+
+def test_metric_names_are_spelled_only_in_the_names_module() -> None:
+    """Writers, readers and tests take metric names from `anemoi_profiler.names` (an f-string's fixed parts too);
+    test_metric_names.py alone spells them, to pin the public ones against docs/metrics.md."""
+    exempt = {PACKAGE / "names.py", TESTS / "test_metric_names.py"}
+    spelled = []
+    for path in sorted(SYNTAX_TREES):
+        if path in exempt:
+            continue
+        for node in ast.walk(SYNTAX_TREES[path]):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and METRIC_NAME.fullmatch(node.value):
+                spelled.append(f"{path.relative_to(PACKAGE.parents[1])}:{node.lineno} {node.value!r}")
+    assert not spelled, spelled

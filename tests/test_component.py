@@ -10,7 +10,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ConfigError, ProfilerConfig
+from anemoi_profiler import ConfigError, ProfilerConfig, names
 from anemoi_profiler.cli import component as component_command
 from anemoi_profiler.component import profile_component
 from anemoi_profiler.layout import run_folders
@@ -141,8 +141,8 @@ def test_cli_target_and_mlflow_logging(tmp_path: Path, monkeypatch: pytest.Monke
     run_dir = run_folders(tmp_path / "runs")[0]
     assert run.data.tags["profiler.component"] == "LayerNorm" and run.data.tags["profiler.device"] == "cpu"
     assert run.data.tags["profiler.run_folder"] == str(run_dir) == run.data.params["profiler.run_folder"]
-    assert run.data.metrics["summary/component/call_p50_ms"] > 0
-    assert run.data.metrics["summary/profiler/windows/component"] == 2
+    assert run.data.metrics[names.component_summary("call_p50_ms")] > 0
+    assert run.data.metrics[names.profiler_summary("windows/component")] == 2
     uploaded = {item.path for item in client.list_artifacts(run.info.run_id, "profiler")}
     assert {"profiler/time_report.csv", "profiler/memory_report.txt", "profiler/traces"} <= uploaded
 

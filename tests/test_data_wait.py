@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run
@@ -67,8 +67,8 @@ class BusyAtBatchEnd(pl.Callback):
 def test_a_busy_callback_after_ours_is_its_own_figure_not_data_wait(tmp_path: Path) -> None:
     run_dir = fit(tmp_path, [*build_callbacks(fast_config(tmp_path)), BusyAtBatchEnd()])
 
-    assert typical(run_dir, "time/train/dataloader_wait_ms") < 3.0
-    assert typical(run_dir, "time/train/callbacks_ms") == pytest.approx(BUSY_S * 1000, rel=0.3)
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) < 3.0
+    assert typical(run_dir, names.TRAIN_CALLBACKS_MS) == pytest.approx(BUSY_S * 1000, rel=0.3)
     verdicts = {verdict.name: verdict for verdict in diagnose(load_run(run_dir))}
     assert "dataloader-bound" not in verdicts
     assert "BusyAtBatchEnd" in verdicts["callback-bound"].value
@@ -77,10 +77,10 @@ def test_a_busy_callback_after_ours_is_its_own_figure_not_data_wait(tmp_path: Pa
 def test_the_same_callback_before_ours_is_counted_the_same(tmp_path: Path) -> None:
     run_dir = fit(tmp_path, [BusyAtBatchEnd(), *build_callbacks(fast_config(tmp_path))])
 
-    assert typical(run_dir, "time/train/dataloader_wait_ms") < 3.0
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) < 3.0
     # Before ours in the list, its batch-end hook runs inside our step: it is step time, not callbacks or data.
-    assert typical(run_dir, "time/train/callbacks_ms") < 3.0
-    assert typical(run_dir, "time/train/step_ms") > BUSY_S * 1000
+    assert typical(run_dir, names.TRAIN_CALLBACKS_MS) < 3.0
+    assert typical(run_dir, names.TRAIN_STEP_MS) > BUSY_S * 1000
 
 
 class SlowDataset(Dataset):
@@ -101,8 +101,8 @@ def test_a_slow_dataloader_is_still_dataloader_bound(tmp_path: Path) -> None:
     train = DataLoader(SlowDataset(16 * 30), batch_size=16)
     run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), loaders=(train, None))
 
-    assert typical(run_dir, "time/train/dataloader_wait_ms") == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
-    assert typical(run_dir, "time/train/callbacks_ms") < 3.0
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
+    assert typical(run_dir, names.TRAIN_CALLBACKS_MS) < 3.0
     assert "dataloader-bound" in {verdict.name for verdict in diagnose(load_run(run_dir))}
 
 
@@ -124,8 +124,8 @@ def test_a_checkpoint_every_step_is_callback_time_never_data_wait(tmp_path: Path
         enable_checkpointing=True,
     )
 
-    callbacks_ms = typical(run_dir, "time/train/callbacks_ms")
-    assert typical(run_dir, "time/train/dataloader_wait_ms") < 0.2 * callbacks_ms
+    callbacks_ms = typical(run_dir, names.TRAIN_CALLBACKS_MS)
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) < 0.2 * callbacks_ms
     section = json.loads((run_dir / "report.json").read_text())["sections"]["Step time and memory"]["data"]
     assert section["other callbacks between steps (sampled)"].startswith("ModelCheckpoint")
 
@@ -142,9 +142,10 @@ class IteratorModel(TinyRegressor):
 
 def test_a_dataloader_iter_step_still_has_its_fetch_timed(tmp_path: Path) -> None:
     train = DataLoader(SlowDataset(16 * 30), batch_size=16)
-    run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), IteratorModel(), loaders=(train, None))
+    with pytest.warns(UserWarning, match="`dataloader_iter` argument"):  # Lightning: the flavor is experimental
+        run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), IteratorModel(), loaders=(train, None))
 
-    assert typical(run_dir, "time/train/dataloader_wait_ms") == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
 
 
 class Stream(IterableDataset):
@@ -167,9 +168,9 @@ def test_iterable_datasets_and_two_dataloaders_are_timed_with_validation(tmp_pat
     callbacks = build_callbacks(fast_config(tmp_path))
     run_dir = fit(tmp_path, callbacks, TwoLoaderModel(), loaders=(combined, val), val_check_interval=20)
 
-    assert typical(run_dir, "time/train/dataloader_wait_ms") == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
+    assert typical(run_dir, names.TRAIN_DATALOADER_WAIT_MS) == pytest.approx(SLOW_FETCH_S * 1000, rel=0.3)
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert {"time/val/dataloader_wait_ms", "time/val/callbacks_ms", "time/val/loop_ms"} <= set(metrics)
+    assert {names.VAL_DATALOADER_WAIT_MS, names.VAL_CALLBACKS_MS, names.VAL_LOOP_MS} <= set(metrics)
 
 
 def test_the_users_lightning_profiler_still_profiles_and_is_given_back(tmp_path: Path) -> None:

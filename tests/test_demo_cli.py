@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from anemoi_profiler import names
+
 # The console script installed beside this interpreter: what a user of this environment runs.
 CLI = str(Path(sys.executable).with_name("anemoi-profiler"))
 
@@ -36,17 +38,17 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"
     for key in (
-        "throughput/train/samples_per_sec",
-        "throughput/train/items_per_sec",
-        "throughput/val/samples_per_sec",
-        "time/train/step_ms",
-        "time/train/dataloader_wait_ms",
-        "time/val/step_ms",
-        "memory/cpu_rss_mb",
-        "system/cpu_utilization_percentage",
-        "summary/train/samples_per_sec",
-        "summary/val/samples_per_sec",
-        "summary/train/step_ms",
+        names.TRAIN_SAMPLES_PER_SEC,
+        names.TRAIN_ITEMS_PER_SEC,
+        names.VAL_SAMPLES_PER_SEC,
+        names.TRAIN_STEP_MS,
+        names.TRAIN_DATALOADER_WAIT_MS,
+        names.VAL_STEP_MS,
+        names.CPU_RSS_MB,
+        names.CPU_UTILIZATION,
+        names.SUMMARY_TRAIN_SAMPLES_PER_SEC,
+        names.SUMMARY_VAL_SAMPLES_PER_SEC,
+        names.SUMMARY_TRAIN_STEP_MS,
         "train/loss",
     ):
         assert key in run.data.metrics, key

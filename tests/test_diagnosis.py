@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.summarize import summarize_folder
 from anemoi_profiler.layout import run_folders, window_summary_path
 from anemoi_profiler.reports.diagnosis import (
@@ -38,16 +38,16 @@ from tests.helpers.lightning_models import SlowSamples, TinyRegressor, loaders, 
 H200 = {"accelerator": "CUDAAccelerator", "devices": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 150_000}]}
 CPU = {"accelerator": "CPUAccelerator", "devices": []}
 H200_SINGLE_GPU_HTA = {  # HTA over traces/h200_single_gpu: GPU idle 54%, 95% of it waiting for the host
-    "hta/train/window_0/rank0/idle_pct": 54.42,
-    "hta/train/window_0/rank0/compute_pct": 45.17,
-    "hta/train/window_0/rank0/idle_host_wait_share_pct": 94.74,
-    "hta/train/window_0/rank0/idle_kernel_wait_share_pct": 5.26,
-    "hta/train/window_0/all_ranks/computation_kernel_time_pct": 99.0,
+    names.hta_window("train/window_0", names.hta_rank(0, "idle_pct")): 54.42,
+    names.hta_window("train/window_0", names.hta_rank(0, "compute_pct")): 45.17,
+    names.hta_window("train/window_0", names.hta_rank(0, "idle_host_wait_share_pct")): 94.74,
+    names.hta_window("train/window_0", names.hta_rank(0, "idle_kernel_wait_share_pct")): 5.26,
+    names.hta_window("train/window_0", names.hta_all_ranks("computation_kernel_time_pct")): 99.0,
 }
 NCCL_2RANK_HTA = {  # HTA over traces/hta_sampled_2rank: communication 55% of kernel time, 12-20% overlapped
-    "hta/train/window_0/rank0/comm_comp_overlap_pct": 11.81,
-    "hta/train/window_0/rank1/comm_comp_overlap_pct": 20.05,
-    "hta/train/window_0/all_ranks/communication_kernel_time_pct": 55.5,
+    names.hta_window("train/window_0", names.hta_rank(0, "comm_comp_overlap_pct")): 11.81,
+    names.hta_window("train/window_0", names.hta_rank(1, "comm_comp_overlap_pct")): 20.05,
+    names.hta_window("train/window_0", names.hta_all_ranks("communication_kernel_time_pct")): 55.5,
 }
 
 
@@ -58,7 +58,7 @@ def run_with(
     **parts: Any,
 ) -> RunData:
     metrics = {
-        f"summary/{key}": {"step": [100], "value": [value], "time": [0.0]} for key, value in (summary or {}).items()
+        names.summary(key): {"step": [100], "value": [value], "time": [0.0]} for key, value in (summary or {}).items()
     }
     return RunData(Path("run"), metrics=metrics, environment=environment or CPU, hta={"metrics": hta or {}}, **parts)
 
@@ -85,8 +85,8 @@ def test_a_typical_interval_decides_not_one_the_profiler_slowed_down() -> None:
     and the trace and timeline exports between batches, which the run's mean counts as data wait."""
     run = run_with({"train/step_ms": 56.95, "train/dataloader_wait_ms": 48.54}, H200)
     for key, values in {
-        "time/train/step_ms": [285.6, 9.1, 8.5, 9.1, 9.9],
-        "time/train/dataloader_wait_ms": [274.8, 1.4, 1.2, 1.3, 1.6],
+        names.TRAIN_STEP_MS: [285.6, 9.1, 8.5, 9.1, 9.9],
+        names.TRAIN_DATALOADER_WAIT_MS: [274.8, 1.4, 1.2, 1.3, 1.6],
     }.items():
         run.metrics[key] = {"step": [30, 55, 80, 105, 150], "value": values, "time": [0.0] * 5}
     verdict = dataloader_bound(run)
@@ -118,8 +118,8 @@ def test_host_bound_beyond_the_data_wait_is_judged_on_the_time_left() -> None:
     """The demo on an H200 (run folder of the device check): 85% data wait, and the GPU idles through nearly
     all of the rest (HTA ran on the validation window only: HTA could not load that training trace)."""
     hta = {
-        "hta/val/window_0/rank0/idle_pct": 98.83,
-        "hta/val/window_0/rank0/idle_host_wait_share_pct": 99.93,
+        names.hta_window("val/window_0", names.hta_rank(0, "idle_pct")): 98.83,
+        names.hta_window("val/window_0", names.hta_rank(0, "idle_host_wait_share_pct")): 99.93,
     }
     step = {"train/step_ms": 56.95, "train/dataloader_wait_ms": 48.54}
     verdict = host_bound(run_with(step, H200, hta))
@@ -132,7 +132,7 @@ def test_host_bound_beyond_the_data_wait_is_judged_on_the_time_left() -> None:
 
 
 def test_host_bound_quiet_when_the_gpu_is_busy_or_the_idle_is_data_wait() -> None:
-    busy = {**H200_SINGLE_GPU_HTA, "hta/train/window_0/rank0/idle_pct": 8.0}
+    busy = {**H200_SINGLE_GPU_HTA, names.hta_window("train/window_0", names.hta_rank(0, "idle_pct")): 8.0}
     assert host_bound(run_with({"train/step_ms": 24.0}, H200, busy)) is None
     data_wait = {"train/step_ms": 100.0, "train/dataloader_wait_ms": 50.0}  # 52% host wait, 50% of it data
     assert host_bound(run_with(data_wait, H200, H200_SINGLE_GPU_HTA)) is None
@@ -202,10 +202,16 @@ def test_without_hta_the_window_summary_gives_the_communication_verdict(tmp_path
 
 
 def test_communication_quiet_when_overlapped_or_small() -> None:
-    overlapped = {**NCCL_2RANK_HTA, "hta/train/window_0/rank0/comm_comp_overlap_pct": 85.0}
-    overlapped["hta/train/window_0/rank1/comm_comp_overlap_pct"] = 90.0
+    overlapped = {
+        **NCCL_2RANK_HTA,
+        names.hta_window("train/window_0", names.hta_rank(0, "comm_comp_overlap_pct")): 85.0,
+    }
+    overlapped[names.hta_window("train/window_0", names.hta_rank(1, "comm_comp_overlap_pct"))] = 90.0
     assert communication_bound(run_with({}, H200, overlapped)) is None
-    small = {**NCCL_2RANK_HTA, "hta/train/window_0/all_ranks/communication_kernel_time_pct": 4.0}
+    small = {
+        **NCCL_2RANK_HTA,
+        names.hta_window("train/window_0", names.hta_all_ranks("communication_kernel_time_pct")): 4.0,
+    }
     assert communication_bound(run_with({}, H200, small)) is None
     assert isinstance(communication_bound(run_with({}, H200)), NotAssessed)
 
@@ -278,31 +284,31 @@ def test_slow_rank_stays_quiet_for_balanced_ranks_and_says_why_it_could_not_look
 
 # ---- memory ----
 def test_memory_near_the_limit_and_allocator_retries() -> None:
-    near = memory_use(run_with({"memory/peak_allocated_mb": 120_000, "memory/peak_reserved_mb": 140_000}, H200))
+    near = memory_use(run_with({names.PEAK_ALLOCATED_MB: 120_000, names.PEAK_RESERVED_MB: 140_000}, H200))
     assert isinstance(near, Verdict)
     assert (near.name, near.severity) == ("memory near the limit", "medium")
     assert "peak reserved 140.0 GB of 150.0 GB (93%)" in near.value
     assert "checkpointing" in near.next_step
     retries = {"profiled_steps": {"totals": {"peak_allocated_mb": 90_000.0, "alloc_retries": 4, "ooms": 0}}}
-    retried = memory_use(run_with({"memory/peak_allocated_mb": 90_000}, H200, memory_report=retries))
+    retried = memory_use(run_with({names.PEAK_ALLOCATED_MB: 90_000}, H200, memory_report=retries))
     assert isinstance(retried, Verdict)
     assert retried.severity == "high" and "4 allocation retries" in retried.value
 
 
 def test_memory_headroom_suggests_a_larger_batch() -> None:
-    verdict = memory_use(run_with({"memory/peak_allocated_mb": 20_000, "memory/peak_reserved_mb": 22_000}, H200))
+    verdict = memory_use(run_with({names.PEAK_ALLOCATED_MB: 20_000, names.PEAK_RESERVED_MB: 22_000}, H200))
     assert isinstance(verdict, Verdict)
     assert (verdict.name, verdict.severity) == ("memory headroom", "info")
     assert verdict.value == "peak allocated 20.0 GB of 150.0 GB (13%)"
     assert "up to about 6.8x" in verdict.next_step
-    tiny = memory_use(run_with({"memory/peak_allocated_mb": 96.6}, H200))  # the demo model on an H200
+    tiny = memory_use(run_with({names.PEAK_ALLOCATED_MB: 96.6}, H200))  # the demo model on an H200
     assert isinstance(tiny, Verdict)
     assert tiny.value == "peak allocated 97 MB of 150.0 GB (0%)" and "8x or more" in tiny.next_step
 
 
 def test_memory_quiet_in_between_and_not_assessed_on_cpu() -> None:
-    assert memory_use(run_with({"memory/peak_allocated_mb": 90_000, "memory/peak_reserved_mb": 100_000}, H200)) is None
-    assert isinstance(memory_use(run_with({"memory/cpu_rss_mb": 900.0})), NotAssessed)
+    assert memory_use(run_with({names.PEAK_ALLOCATED_MB: 90_000, names.PEAK_RESERVED_MB: 100_000}, H200)) is None
+    assert isinstance(memory_use(run_with({names.CPU_RSS_MB: 900.0})), NotAssessed)
 
 
 # ---- MFU ----
@@ -321,7 +327,7 @@ def test_low_mfu_suggests_bf16_for_fp32_runs_and_fixes_otherwise() -> None:
 # ---- together ----
 def test_verdicts_come_most_severe_first() -> None:
     run = run_with(
-        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 20.0, "train/mfu": 0.05, "memory/peak_allocated_mb": 9e3},
+        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 20.0, "train/mfu": 0.05, names.PEAK_ALLOCATED_MB: 9e3},
         {**H200, "precision": "bf16-mixed"},
     )
     assert [(v.name, v.severity) for v in diagnose(run)] == [
@@ -333,16 +339,16 @@ def test_verdicts_come_most_severe_first() -> None:
 
 def test_a_healthy_run_gets_no_verdict() -> None:
     run = run_with(
-        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 1.0, "train/mfu": 0.5, "memory/peak_allocated_mb": 1e5},
+        {"train/step_ms": 100.0, "train/dataloader_wait_ms": 1.0, "train/mfu": 0.5, names.PEAK_ALLOCATED_MB: 1e5},
         H200,
-        {**H200_SINGLE_GPU_HTA, "hta/train/window_0/rank0/idle_pct": 3.0},
+        {**H200_SINGLE_GPU_HTA, names.hta_window("train/window_0", names.hta_rank(0, "idle_pct")): 3.0},
     )
     assert diagnose(run) == []
 
 
 def test_odd_values_make_a_check_not_assessed_instead_of_raising() -> None:
     run = run_with({"train/step_ms": 100.0}, H200)
-    run.metrics["summary/train/dataloader_wait_ms"] = {"step": [1], "value": ["fast"], "time": [0]}
+    run.metrics[names.SUMMARY_TRAIN_DATALOADER_WAIT_MS] = {"step": [1], "value": ["fast"], "time": [0]}
     outcomes = assess(run)
     assert isinstance(outcomes["dataloader wait"], NotAssessed)
     assert "could not assess" in outcomes["dataloader wait"].reason
@@ -360,8 +366,8 @@ def test_diagnosis_section_from_partial_or_broken_folders(tmp_path: Path) -> Non
 
 def test_diagnosis_section_lists_each_verdict_with_its_next_step(tmp_path: Path) -> None:
     metrics = {
-        "summary/train/step_ms": {"step": [8], "value": [40.0], "time": [0]},
-        "summary/train/dataloader_wait_ms": {"step": [8], "value": [30.0], "time": [0]},
+        names.SUMMARY_TRAIN_STEP_MS: {"step": [8], "value": [40.0], "time": [0]},
+        names.SUMMARY_TRAIN_DATALOADER_WAIT_MS: {"step": [8], "value": [30.0], "time": [0]},
     }
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
     section = diagnosis_section(tmp_path)

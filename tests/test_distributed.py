@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from anemoi_profiler import ProfilerConfig
+from anemoi_profiler import ProfilerConfig, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
 from anemoi_profiler.run.intervals import RankTotals
@@ -62,27 +62,27 @@ def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_trac
     assert run.info.status == "FINISHED"
     metrics = run.data.metrics
     for key in (
-        "throughput/train/samples_per_sec",
-        "throughput/train/device/samples_per_sec",
-        "throughput/val/samples_per_sec",
-        "time/train/step_ms",
-        "time/train/step_ms_min",
-        "time/train/step_ms_max",
-        "throughput/train/slowest_rank",
-        "system/cpu_utilization_percentage",  # one node: MLflow's plain names
+        names.TRAIN_SAMPLES_PER_SEC,
+        names.TRAIN_DEVICE_SAMPLES_PER_SEC,
+        names.VAL_SAMPLES_PER_SEC,
+        names.TRAIN_STEP_MS,
+        names.TRAIN_STEP_MS_MIN,
+        names.TRAIN_STEP_MS_MAX,
+        names.TRAIN_SLOWEST_RANK,
+        names.CPU_UTILIZATION,  # one node: MLflow's plain names
     ):
         assert key in metrics, key
-    assert metrics["summary/train/step_ms_min"] <= metrics["summary/train/step_ms"]
-    assert metrics["summary/train/step_ms"] <= metrics["summary/train/step_ms_max"]
-    assert metrics["throughput/train/slowest_rank"] in (0.0, 1.0)
+    assert metrics[names.SUMMARY_TRAIN_STEP_MS_MIN] <= metrics[names.SUMMARY_TRAIN_STEP_MS]
+    assert metrics[names.SUMMARY_TRAIN_STEP_MS] <= metrics[names.SUMMARY_TRAIN_STEP_MS_MAX]
+    assert metrics[names.TRAIN_SLOWEST_RANK] in (0.0, 1.0)
     tags = run.data.tags  # one run for the job: searchable by its parallelism
     assert (tags["profiler.world_size"], tags["profiler.device_count"], tags["profiler.nodes"]) == ("2", "2", "1")
     assert tags["profiler.strategy"].startswith("DDP") and "profiler.verdict" in tags
-    assert_global_is_sum_of_two_ranks(metrics, "summary/")
+    assert_global_is_sum_of_two_ranks(metrics, names.SUMMARY)
 
     summary = throughput_summary(run_dir)
     assert summary["train/measured_batches"] == 2 * (MAX_STEPS - WARMUP_STEPS)
-    assert summary["train/samples_per_sec"] == pytest.approx(metrics["summary/train/samples_per_sec"])
+    assert summary["train/samples_per_sec"] == pytest.approx(metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC])
 
     assert trace_ranks(run_dir) == {"train/window_0": [0, 1], "train/window_1": [0, 1], "val/window_0": [0, 1]}
 
@@ -107,8 +107,8 @@ def test_torchrun_with_the_users_mlflow_logger_and_only_rank_1_profiled(tmp_path
     run = only_run(tracking_uri)
     assert not (output_dir / "mlflow.db").exists()
     assert "train/loss" in run.data.metrics  # the logger's run is the profiler's run
-    assert_global_is_sum_of_two_ranks(run.data.metrics, "summary/")
-    assert "time/train/step_ms_max" in run.data.metrics
+    assert_global_is_sum_of_two_ranks(run.data.metrics, names.SUMMARY)
+    assert names.TRAIN_STEP_MS_MAX in run.data.metrics
     assert trace_ranks(run_dir) == {"train/window_0": [1], "train/window_1": [1], "val/window_0": [1]}
 
 
@@ -131,10 +131,10 @@ def test_two_nodes_log_their_own_system_metrics_into_one_run(tmp_path: Path) -> 
 
     only_run_folder(output_dir)
     metrics = only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics
-    assert "system/node_0/cpu_utilization_percentage" in metrics
-    assert "system/node_1/cpu_utilization_percentage" in metrics
-    assert "system/cpu_utilization_percentage" not in metrics
-    assert_global_is_sum_of_two_ranks(metrics, "summary/")
+    assert names.system("cpu_utilization_percentage", "node_0") in metrics
+    assert names.system("cpu_utilization_percentage", "node_1") in metrics
+    assert names.CPU_UTILIZATION not in metrics
+    assert_global_is_sum_of_two_ranks(metrics, names.SUMMARY)
 
 
 @pytest.mark.slow
@@ -166,7 +166,7 @@ def test_a_failing_rank_ends_the_job_and_rank_0_keeps_its_measurements(tmp_path:
     assert_global_is_sum_of_two_ranks(summary, "")
     run = only_run(f"sqlite:///{output_dir / 'mlflow.db'}")
     spooled = list((run_dir / "spool").glob("rank0/batch-*.json"))
-    assert "throughput/train/samples_per_sec" in run.data.metrics or spooled
+    assert names.TRAIN_SAMPLES_PER_SEC in run.data.metrics or spooled
 
 
 @pytest.mark.slow
@@ -190,7 +190,7 @@ def test_fsdp_on_cpu(tmp_path: Path) -> None:
         pytest.skip(f"FSDP on CPU is refused: {refusals[-1].strip()}")
     assert returncode == 0, output[-6000:]
     only_run_folder(output_dir)
-    assert_global_is_sum_of_two_ranks(only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics, "summary/")
+    assert_global_is_sum_of_two_ranks(only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics, names.SUMMARY)
 
 
 EXCHANGE_EXIT_JOB = Path(__file__).resolve().parent / "helpers" / "exchange_exit_job.py"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.system import SystemMetricsCallback
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
@@ -182,9 +182,9 @@ def test_job_figures_sum_the_nodes_and_count_each_replicas_samples_once() -> Non
     ]
     summary, notes = EnergyShare.total(ranks).figures(10.0, [])
     assert summary == {
-        "summary/energy/gpu_kwh": pytest.approx(4.0),
-        "summary/energy/joules_per_sample": pytest.approx(1_000_000.0 / 2000),  # 2 replicas x 1000 samples
-        "summary/energy/cpu_kwh": pytest.approx(2.0),
+        names.SUMMARY_GPU_KWH: pytest.approx(4.0),
+        names.SUMMARY_JOULES_PER_SAMPLE: pytest.approx(1_000_000.0 / 2000),  # 2 replicas x 1000 samples
+        names.SUMMARY_CPU_KWH: pytest.approx(2.0),
     }
     assert any("a GPU shared with other jobs counts their energy too" in note for note in notes)
 
@@ -192,13 +192,13 @@ def test_job_figures_sum_the_nodes_and_count_each_replicas_samples_once() -> Non
 def test_job_figures_say_not_available_and_why() -> None:
     missing = EnergyShare(nodes=1, gpus=2, gpus_without_counter=1, gpu_counters=1, gpu_joules=10.0, samples=5)
     summary, notes = EnergyShare.total([missing.to_list()]).figures(10.0, [NO_ENERGY_COUNTER])
-    assert "summary/energy/gpu_kwh" not in summary
+    assert names.SUMMARY_GPU_KWH not in summary
     assert notes[0] == f"GPU energy: not available (1 of 2 GPUs have no energy counter: {NO_ENERGY_COUNTER})."
     assert notes[-1].startswith("CPU package energy: not available (no readable RAPL package counter")
 
     short = EnergyShare(nodes=1, gpus=1, gpu_counters=1, gpu_joules=10.0, no_steady_interval=1, samples=5)
     summary, notes = short.figures(30.0, [])
-    assert set(summary) == {"summary/energy/gpu_kwh"}
+    assert set(summary) == {names.SUMMARY_GPU_KWH}
     assert "they are 30 s apart: lower system.interval_s" in notes[0]
 
 
@@ -280,10 +280,10 @@ def test_energy_per_sample_counts_steady_state_power_only(
 
     client = MlflowClient(sqlite_uri)
     run = client.get_run(logger.run_id)
-    assert run.data.metrics["summary/energy/joules_per_sample"] == pytest.approx(system["energy/joules_per_sample"])
-    per_interval = [m.value for m in client.get_metric_history(logger.run_id, "system/gpu_0_energy_joules")]
-    per_interval += [m.value for m in client.get_metric_history(logger.run_id, "system/gpu_1_energy_joules")]
-    assert run.data.metrics["summary/energy/gpu_kwh"] * 3.6e6 == pytest.approx(sum(per_interval), rel=1e-6)
+    assert run.data.metrics[names.SUMMARY_JOULES_PER_SAMPLE] == pytest.approx(system["energy/joules_per_sample"])
+    per_interval = [m.value for m in client.get_metric_history(logger.run_id, names.gpu(0, "energy_joules"))]
+    per_interval += [m.value for m in client.get_metric_history(logger.run_id, names.gpu(1, "energy_joules"))]
+    assert run.data.metrics[names.SUMMARY_GPU_KWH] * 3.6e6 == pytest.approx(sum(per_interval), rel=1e-6)
 
 
 def test_a_gpu_without_energy_counter_leaves_the_figures_out_and_says_why(

@@ -13,25 +13,25 @@ import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.report import ReportSection, RunReport
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 ALWAYS_ON = [
-    "throughput/train/samples_per_sec",
-    "throughput/train/batches_per_sec",
-    "throughput/train/device/samples_per_sec",
-    "throughput/val/samples_per_sec",
-    "time/train/step_ms",
-    "time/train/dataloader_wait_ms",
-    "time/val/step_ms",
-    "memory/cpu_rss_mb",
-    "system/cpu_utilization_percentage",
-    "system/system_memory_usage_megabytes",
-    "summary/train/samples_per_sec",
-    "summary/val/samples_per_sec",
-    "summary/train/step_ms",
+    names.TRAIN_SAMPLES_PER_SEC,
+    names.TRAIN_BATCHES_PER_SEC,
+    names.TRAIN_DEVICE_SAMPLES_PER_SEC,
+    names.VAL_SAMPLES_PER_SEC,
+    names.TRAIN_STEP_MS,
+    names.TRAIN_DATALOADER_WAIT_MS,
+    names.VAL_STEP_MS,
+    names.CPU_RSS_MB,
+    names.CPU_UTILIZATION,
+    names.system("system_memory_usage_megabytes"),
+    names.SUMMARY_TRAIN_SAMPLES_PER_SEC,
+    names.SUMMARY_VAL_SAMPLES_PER_SEC,
+    names.SUMMARY_TRAIN_STEP_MS,
 ]
 
 
@@ -77,11 +77,11 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     assert "train/loss" in run.data.metrics
     for key, value in run.data.metrics.items():
         assert math.isfinite(value), key
-    history_points = client.get_metric_history(logger.run_id, "throughput/train/samples_per_sec")
+    history_points = client.get_metric_history(logger.run_id, names.TRAIN_SAMPLES_PER_SEC)
     # 16 batches, 2 warmup, logged every 4 -> intervals end at batch 6, 10, 14 and the rest at the end
     assert len(history_points) == 4
     assert all(point.value > 0 for point in history_points)
-    system_steps = [m.step for m in client.get_metric_history(logger.run_id, "system/cpu_utilization_percentage")]
+    system_steps = [m.step for m in client.get_metric_history(logger.run_id, names.CPU_UTILIZATION)]
     assert len(system_steps) >= 2  # a sample at the start and one at the end, even for a short run
     assert system_steps == sorted(system_steps) and system_steps[-1] == 16  # on the training step axis
 
@@ -101,12 +101,14 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     assert environment["precision"] == "32-true"
     report = json.loads((folder / "report.json").read_text())
     assert report["sections"]["Throughput"]["data"]["train/samples_per_sec"] == pytest.approx(
-        run.data.metrics["summary/train/samples_per_sec"]
+        run.data.metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC]
     )
     assert "Throughput" in (folder / "report.txt").read_text()
     history = json.loads((folder / "metrics.json").read_text())
-    assert history["throughput/train/samples_per_sec"]["step"] == [p.step for p in history_points]
-    assert history["summary/train/samples_per_sec"]["value"] == [run.data.metrics["summary/train/samples_per_sec"]]
+    assert history[names.TRAIN_SAMPLES_PER_SEC]["step"] == [p.step for p in history_points]
+    assert history[names.SUMMARY_TRAIN_SAMPLES_PER_SEC]["value"] == [
+        run.data.metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC]
+    ]
 
 
 def test_without_a_logger_the_embedded_sqlite_store_gets_its_own_finished_run(tmp_path: Path) -> None:
@@ -122,7 +124,7 @@ def test_without_a_logger_the_embedded_sqlite_store_gets_its_own_finished_run(tm
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.info.run_name == only_run_folder(tmp_path).name
-    assert "throughput/train/samples_per_sec" in run.data.metrics
+    assert names.TRAIN_SAMPLES_PER_SEC in run.data.metrics
 
 
 def test_logger_prefix_is_respected_except_for_system_metrics(tmp_path: Path, sqlite_uri: str) -> None:
@@ -131,8 +133,8 @@ def test_logger_prefix_is_respected_except_for_system_metrics(tmp_path: Path, sq
     trainer(build_callbacks(config_for(tmp_path)), logger=logger).fit(TinyRegressor(), train)
     metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
     assert "fold1-throughput/train/samples_per_sec" in metrics
-    assert "throughput/train/samples_per_sec" not in metrics
-    assert "system/cpu_utilization_percentage" in metrics
+    assert names.TRAIN_SAMPLES_PER_SEC not in metrics
+    assert names.CPU_UTILIZATION in metrics
 
 
 def test_pytorch_lightning_namespace_trainer_works_too(tmp_path: Path, sqlite_uri: str) -> None:
@@ -162,7 +164,7 @@ def test_pytorch_lightning_namespace_trainer_works_too(tmp_path: Path, sqlite_ur
         enable_checkpointing=False,
         enable_model_summary=False,
     ).fit(LegacyRegressor(), train)
-    assert "throughput/train/samples_per_sec" in MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
+    assert names.TRAIN_SAMPLES_PER_SEC in MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
 
 
 def test_user_exception_passes_through_and_own_run_is_marked_failed(tmp_path: Path) -> None:
@@ -174,7 +176,7 @@ def test_user_exception_passes_through_and_own_run_is_marked_failed(tmp_path: Pa
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FAILED"
     # what was measured before the failure was flushed
-    assert "throughput/train/samples_per_sec" in run.data.metrics
+    assert names.TRAIN_SAMPLES_PER_SEC in run.data.metrics
     assert json.loads((only_run_folder(tmp_path) / "report.json").read_text())["header"]["status"] == "FAILED"
 
 
@@ -192,11 +194,11 @@ def test_gradient_accumulation_no_validation_and_ragged_last_batch(tmp_path: Pat
     throughput = report["sections"]["Throughput"]["data"]
     assert throughput["train/measured_batches"] == 14
     metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
-    assert not any(key.startswith("throughput/val") for key in metrics)
+    assert not any(key.startswith(names.throughput("val", "")) for key in metrics)
     assert all(math.isfinite(value) for value in metrics.values())
     # the step axis is the optimizer step: 7 batches with accumulation 2 step 4 times an epoch (the last
     # batch of an epoch steps too), so global_step is 8 after two epochs
-    history = MlflowClient(sqlite_uri).get_metric_history(logger.run_id, "time/train/step_ms")
+    history = MlflowClient(sqlite_uri).get_metric_history(logger.run_id, names.TRAIN_STEP_MS)
     assert max(point.step for point in history) == 8
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.analysis import (
     NoTracesError,
     TraceError,
@@ -57,9 +58,9 @@ def test_two_rank_nccl_sample_gives_both_ranks_and_overlap(traces: Path, tmp_pat
     assert summary["failed"] == {}
     assert "comm_comp_overlap" in summary["ran"]
     for rank in (0, 1):
-        assert 0 < summary["metrics"][f"hta/rank{rank}/comm_comp_overlap_pct"] <= 100
-        assert 0 <= summary["metrics"][f"hta/rank{rank}/idle_pct"] <= 100
-    assert summary["metrics"]["hta/all_ranks/communication_kernel_time_pct"] > 0
+        assert 0 < summary["metrics"][names.hta_rank(rank, "comm_comp_overlap_pct")] <= 100
+        assert 0 <= summary["metrics"][names.hta_rank(rank, "idle_pct")] <= 100
+    assert summary["metrics"][names.hta_all_ranks("communication_kernel_time_pct")] > 0
     assert summary["top_kernels"][0]["name"].startswith("ncclKernel_SendRecv")
     assert (tmp_path / "comm_comp_overlap.csv").read_text().startswith("rank,")
     assert read_summary(tmp_path) == summary
@@ -77,10 +78,14 @@ def test_single_gpu_trace_gives_idle_and_temporal_metrics(traces: Path, tmp_path
     assert summary["ranks"] == [0]
     assert summary["failed"] == {}
     assert {"temporal_breakdown", "idle_time_breakdown", "gpu_kernel_breakdown"} <= set(summary["ran"])
-    parts = metrics["hta/rank0/idle_pct"] + metrics["hta/rank0/compute_pct"] + metrics["hta/rank0/non_compute_pct"]
-    assert 0 < metrics["hta/rank0/idle_pct"] < 100
+    parts = (
+        metrics[names.hta_rank(0, "idle_pct")]
+        + metrics[names.hta_rank(0, "compute_pct")]
+        + metrics[names.hta_rank(0, "non_compute_pct")]
+    )
+    assert 0 < metrics[names.hta_rank(0, "idle_pct")] < 100
     assert parts == pytest.approx(100, abs=0.1)
-    assert 0 <= metrics["hta/rank0/idle_host_wait_share_pct"] <= 100
+    assert 0 <= metrics[names.hta_rank(0, "idle_host_wait_share_pct")] <= 100
     assert summary["skipped"] == {"comm_comp_overlap": NO_NCCL_KERNELS, "critical_path": NO_CUDA_SYNC}
     assert "enable_cuda_sync_events" in summary["skipped"]["critical_path"]
     assert summary["top_kernels"]
@@ -193,8 +198,8 @@ def test_analyze_run_folder_prefixes_metrics_per_window(
     assert "validation/window_0: rank 34" in printed
     summary = read_summary(run / "hta")
     assert [w["window"] for w in summary["windows"]] == ["train/window_0", "validation/window_0"]
-    assert "hta/train/window_0/rank1/comm_comp_overlap_pct" in summary["metrics"]
-    assert read_summary(run / "hta" / "train" / "window_0")["metrics"]["hta/rank1/comm_comp_overlap_pct"] > 0
+    assert names.hta_window("train/window_0", names.hta_rank(1, "comm_comp_overlap_pct")) in summary["metrics"]
+    assert read_summary(run / "hta" / "train" / "window_0")["metrics"][names.hta_rank(1, "comm_comp_overlap_pct")] > 0
     assert (run / "hta" / "train" / "window_0" / "temporal_breakdown.csv").exists()
 
 
@@ -257,11 +262,11 @@ def test_cli_analyses_an_mlflow_run_by_id(
 
 
 def test_nccl_kernel_names_hta_would_not_count_as_communication() -> None:
-    names = [
+    kernel_names = [
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
         "void ncclDevKernel_Generic()",
     ]
-    assert misclassified_nccl_kernels(names) == ["void ncclDevKernel_Generic()"]
+    assert misclassified_nccl_kernels(kernel_names) == ["void ncclDevKernel_Generic()"]
 
 
 @pytest.mark.slow
@@ -281,7 +286,7 @@ def test_critical_path_runs_on_a_real_trace(traces: Path, tmp_path: Path) -> Non
     assert [(r["analysis"], r["status"]) for r in records] == [(LOAD_STEP, "ran"), ("critical_path", "ran")]
     shares = records[1]["metrics"]
     assert sum(shares.values()) == pytest.approx(100, abs=0.1)
-    assert "hta/rank0/critical_path_cpu_bound_pct" in shares
+    assert names.hta_rank(0, "critical_path_cpu_bound_pct") in {names.HTA + key for key in shares}  # the runner's key
     assert (tmp_path / "critical_path_summary.csv").exists()
 
 
@@ -297,7 +302,9 @@ def test_a_rank_subset_reads_and_analyses_only_those_ranks(traces: Path, tmp_pat
     summary = analyze_window(traces / "hta_sampled_2rank", tmp_path, time_limit_s=TIME_LIMIT_S, ranks=[1])
 
     assert summary["ranks"] == [1]
-    assert "hta/rank1/idle_pct" in summary["metrics"] and "hta/rank0/idle_pct" not in summary["metrics"]
+    assert (
+        names.hta_rank(1, "idle_pct") in summary["metrics"] and names.hta_rank(0, "idle_pct") not in summary["metrics"]
+    )
     with pytest.raises(NoTracesError, match="no trace of ranks 5-6"):
         analyze_window(traces / "hta_sampled_2rank", tmp_path, time_limit_s=TIME_LIMIT_S, ranks=[5, 6])
 

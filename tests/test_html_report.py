@@ -17,7 +17,7 @@ import torch
 from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli import report as report_command
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.html import render_html, write_html_report
@@ -135,10 +135,10 @@ def test_hta_results_with_rank_table_and_kernels() -> None:
                 "window": "train/window_0",
                 "ranks": [0, 1],
                 "metrics": {
-                    "hta/rank0/idle_pct": 53.6,
-                    "hta/rank1/idle_pct": 54.7,
-                    "hta/rank0/comm_comp_overlap_pct": 11.8,
-                    "hta/all_ranks/communication_kernel_time_pct": 55.5,
+                    names.hta_rank(0, "idle_pct"): 53.6,
+                    names.hta_rank(1, "idle_pct"): 54.7,
+                    names.hta_rank(0, "comm_comp_overlap_pct"): 11.8,
+                    names.hta_all_ranks("communication_kernel_time_pct"): 55.5,
                 },
                 "top_kernels": [
                     {"name": "<script>x</script>ncclKernel", "kernel_type": "COMM", "pct_of_kernel_time": 59.7}

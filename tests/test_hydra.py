@@ -13,6 +13,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from anemoi_profiler import names
 from anemoi_profiler.layout import run_folders
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +73,8 @@ def test_hydra_example_takes_the_group_and_command_line_overrides(
 
     client = MlflowClient(f"sqlite:///{database}")
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
-    assert {"throughput/train/samples_per_sec", "summary/train/samples_per_sec"} <= set(mlflow_run.data.metrics)
-    steps = [point.step for point in client.get_metric_history(mlflow_run.info.run_id, "time/train/step_ms")]
+    assert {names.TRAIN_SAMPLES_PER_SEC, names.SUMMARY_TRAIN_SAMPLES_PER_SEC} <= set(mlflow_run.data.metrics)
+    steps = [point.step for point in client.get_metric_history(mlflow_run.info.run_id, names.TRAIN_STEP_MS)]
     assert steps[:3] == [15, 25, 35]  # after 5 warmup batches, intervals of 10 from the command line
 
 

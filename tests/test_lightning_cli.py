@@ -16,7 +16,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import StepTimingCallback, SystemMetricsCallback, ThroughputCallback
+from anemoi_profiler import StepTimingCallback, SystemMetricsCallback, ThroughputCallback, names
 from anemoi_profiler.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -31,6 +31,7 @@ def _no_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def cli_trainer(callbacks: list[dict[str, Any]], **trainer_args: Any) -> LightningCLI:
     args = {
+        "seed_everything": 0,  # LightningCLI otherwise picks one and warns that it did
         "trainer": {
             "max_steps": 30,
             "accelerator": "cpu",
@@ -40,7 +41,7 @@ def cli_trainer(callbacks: list[dict[str, Any]], **trainer_args: Any) -> Lightni
             "enable_model_summary": False,
             "callbacks": callbacks,
             **trainer_args,
-        }
+        },
     }
     return LightningCLI(TinyRegressor, run=False, args=args, save_config_callback=None)
 
@@ -75,8 +76,8 @@ def test_lightning_cli_example_puts_every_callback_into_the_loggers_run(tmp_path
     assert {"Throughput", "Step time and memory", "System"} <= set(sections(folder))
     client = MlflowClient("sqlite:///" + str(tmp_path / "mlflow.db"))
     (run,) = client.search_runs([client.get_experiment_by_name("lightning-cli").experiment_id])
-    assert {"train/loss", "throughput/train/samples_per_sec", "time/train/step_ms", "system/cpu_utilization_percentage",
-            "summary/train/samples_per_sec"} <= set(run.data.metrics)  # fmt: skip
+    assert {"train/loss", names.TRAIN_SAMPLES_PER_SEC, names.TRAIN_STEP_MS, names.CPU_UTILIZATION,
+            names.SUMMARY_TRAIN_SAMPLES_PER_SEC} <= set(run.data.metrics)  # fmt: skip
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "profiler")}
     assert "profiler/report.txt" in artifacts
     saved = client.download_artifacts(run.info.run_id, "lightning_cli/config.yaml", str(tmp_path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from anemoi_profiler import names
 from anemoi_profiler.reports.run_data import read_history
 from anemoi_profiler.run.metric_history import MetricHistory
 
@@ -11,11 +12,11 @@ from anemoi_profiler.run.metric_history import MetricHistory
 def test_history_stays_bounded_over_100k_steps_and_keeps_the_ends(tmp_path: Path) -> None:
     history = MetricHistory(max_points=1000)
     for step in range(100_000):
-        history.add({"time/train/step_ms": float(step)}, step)
-    points = history.to_json()["time/train/step_ms"]
+        history.add({names.TRAIN_STEP_MS: float(step)}, step)
+    points = history.to_json()[names.TRAIN_STEP_MS]
     assert 500 <= len(points["step"]) <= 1000
     assert points["step"][0] == 0 and points["step"][-1] >= 99_800
     assert points["step"] == sorted(points["step"])
     history.write(tmp_path)
-    assert read_history(tmp_path)["time/train/step_ms"]["value"][0] == 0.0
+    assert read_history(tmp_path)[names.TRAIN_STEP_MS]["value"][0] == 0.0
     assert read_history(tmp_path / "missing") == {}

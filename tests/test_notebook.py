@@ -11,6 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from anemoi_profiler import names
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "hta_analysis.ipynb"
 
 
@@ -38,5 +40,5 @@ def test_hta_notebook_runs_on_a_run_folder(fixtures_dir: Path, tmp_path: Path, m
     )
     assert "ranks: [0, 1]" in outputs
     assert "train/window_0: ranks 0-1" in outputs
-    assert "hta/train/window_0/rank0/comm_comp_overlap_pct" in outputs
+    assert names.hta_window("train/window_0", names.hta_rank(0, "comm_comp_overlap_pct")) in outputs
     assert (tmp_path / "hta" / "train" / "window_0" / "summary.json").exists()

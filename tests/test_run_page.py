@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.description import run_description
@@ -245,7 +245,7 @@ def test_sync_sends_a_spool_written_by_0_1_0(tmp_path: Path, sqlite_uri: str) ->
                     "run_name": folder.name, "tags": {"anemoi_profiler.run_folder": str(folder)}})
     )  # fmt: skip
     (spool / "batch-00000001700000000000-000000.json").write_text(
-        json.dumps({"metrics": [["time/train/step_ms", 7.5, 1700000000000, 10]],
+        json.dumps({"metrics": [[names.TRAIN_STEP_MS, 7.5, 1700000000000, 10]],
                     "params": {"profiler/config_hash": "1a2b3c4d"}, "tags": {}, "artifacts": [],
                     "terminate": "FINISHED"})
     )  # fmt: skip
@@ -253,6 +253,6 @@ def test_sync_sends_a_spool_written_by_0_1_0(tmp_path: Path, sqlite_uri: str) ->
     assert not pending_batches(spool)
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
-    assert run.data.metrics == {"time/train/step_ms": 7.5} and run.data.params == {"profiler/config_hash": "1a2b3c4d"}
+    assert run.data.metrics == {names.TRAIN_STEP_MS: 7.5} and run.data.params == {"profiler/config_hash": "1a2b3c4d"}
     assert run.data.tags["anemoi_profiler.run_folder"] == str(folder) and run.info.status == "FINISHED"
     assert DESCRIPTION not in run.data.tags

@@ -22,9 +22,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import anemoi_profiler
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
-from anemoi_profiler.run.session import STARTUP_WAIT_WORTH_SAYING_S
+from anemoi_profiler.run.folder import STARTUP_WAIT_WORTH_SAYING_S
 from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender
 from anemoi_profiler.tracking.sender import NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -79,7 +79,7 @@ def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_t
     trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
-    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
     kept = sender._waiting
     assert kept is not None and kept[0] is prestarted[0] and kept[0].poll() is None  # kept for the next run
@@ -111,7 +111,7 @@ def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path, capsy
     again = sender._waiting
     assert again is not None and again[0] is kept[0]  # it served the run and is kept again
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
-    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert session.sink.end_waited_for_startup_s < waited  # MLflow was imported: only the new store to reach
     sender.end_kept()
     assert kept[0].poll() == 0 and sender._waiting is None
@@ -166,7 +166,7 @@ def test_the_first_run_takes_the_sender_the_script_started(tmp_path: Path) -> No
     trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
-    assert run.info.status == "FINISHED" and "summary/train/batches_per_sec" in run.data.metrics
+    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     kept = sender._waiting
     assert kept is not None and kept[0] is started[0]  # it served the run, and is kept for the next
 
@@ -278,7 +278,9 @@ def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: P
     assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
-    assert run.data.metrics["summary/train/startup_overlap_s"] == pytest.approx(throughput["train/startup_overlap_s"])
+    assert run.data.metrics[names.SUMMARY_TRAIN_STARTUP_OVERLAP_S] == pytest.approx(
+        throughput["train/startup_overlap_s"]
+    )
 
 
 def test_no_start_up_work_no_overlap(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from statistics import median
 import pytest
 import torch
 
+from anemoi_profiler import names
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run, read_history
 from tests.helpers.jobs import FAST, example, only_run, only_run_folder, run_ok
@@ -38,10 +39,10 @@ def verdicts(run_dir: Path) -> dict[str, str]:
 def test_a_rank_sleeping_in_its_step_is_named_and_the_others_wait_about_its_sleep(tmp_path: Path) -> None:
     run_dir = straggler_job(tmp_path, "--slow-rank=1", f"--slow-ms={SLEEP_MS:g}")
 
-    slowest = values(run_dir, "throughput/train/slowest_rank")
+    slowest = values(run_dir, names.TRAIN_SLOWEST_RANK)
     assert sum(rank == 1.0 for rank in slowest) >= 0.8 * len(slowest), slowest
-    assert median(values(run_dir, "time/train/straggler_ms")) == pytest.approx(SLEEP_MS, rel=0.3)
-    assert only_run(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").data.metrics["summary/train/slowest_rank"] == 1
+    assert median(values(run_dir, names.TRAIN_STRAGGLER_MS)) == pytest.approx(SLEEP_MS, rel=0.3)
+    assert only_run(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").data.metrics[names.SUMMARY_TRAIN_SLOWEST_RANK] == 1
     verdict = verdicts(run_dir)["slow rank"]
     assert f"for rank 1 on {socket.gethostname()}" in verdict
     assert "its data loading does not explain it" in verdict
@@ -52,9 +53,9 @@ def test_a_rank_sleeping_in_its_step_is_named_and_the_others_wait_about_its_slee
 def test_a_rank_with_a_slow_dataloader_is_named_with_data_loading_as_the_cause(tmp_path: Path) -> None:
     run_dir = straggler_job(tmp_path, "--slow-data-rank=1", f"--slow-data-ms={SLEEP_MS:g}")
 
-    assert set(values(run_dir, "throughput/train/slowest_rank")) == {1.0}
-    assert set(values(run_dir, "time/train/dataloader_slowest_rank")) == {1.0}
-    assert median(values(run_dir, "time/train/dataloader_wait_ms_max")) == pytest.approx(SLEEP_MS, rel=0.3)
+    assert set(values(run_dir, names.TRAIN_SLOWEST_RANK)) == {1.0}
+    assert set(values(run_dir, names.TRAIN_DATALOADER_SLOWEST_RANK)) == {1.0}
+    assert median(values(run_dir, names.TRAIN_DATALOADER_WAIT_MS_MAX)) == pytest.approx(SLEEP_MS, rel=0.3)
     assert "its own data wait explains it" in verdicts(run_dir)["slow rank"]
 
 
@@ -63,8 +64,8 @@ def test_with_gradient_accumulation_the_wait_is_per_optimizer_step(tmp_path: Pat
     waited out there, not in the gradient all-reduce, and must still count."""
     run_dir = straggler_job(tmp_path, "--accumulate=2", "--slow-rank=1", f"--slow-ms={SLEEP_MS / 2:g}")
 
-    assert set(values(run_dir, "throughput/train/slowest_rank")) == {1.0}
-    assert median(values(run_dir, "time/train/straggler_ms")) == pytest.approx(SLEEP_MS, rel=0.3)
+    assert set(values(run_dir, names.TRAIN_SLOWEST_RANK)) == {1.0}
+    assert median(values(run_dir, names.TRAIN_STRAGGLER_MS)) == pytest.approx(SLEEP_MS, rel=0.3)
     assert "per optimizer step" in verdicts(run_dir)["slow rank"]
 
 
@@ -79,8 +80,8 @@ def test_balanced_ranks_give_no_verdict_and_the_timing_hook_changes_no_weight(tm
     )
 
     assert "slow rank" not in verdicts(timed)
-    assert median(values(timed, "time/train/straggler_ms")) < 0.1 * median(values(timed, "time/train/step_ms"))
-    assert "time/train/straggler_ms" not in read_history(untimed)
+    assert median(values(timed, names.TRAIN_STRAGGLER_MS)) < 0.1 * median(values(timed, names.TRAIN_STEP_MS))
+    assert names.TRAIN_STRAGGLER_MS not in read_history(untimed)
     weights, reference = torch.load(tmp_path / "timed.pt"), torch.load(tmp_path / "untimed.pt")
     assert weights.keys() == reference.keys()
     assert all(torch.equal(weights[name], reference[name]) for name in weights)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.measure.nvidia import NvidiaGpuResource
 from anemoi_profiler.measure.system_metrics import MIN_CPU_WINDOW_S, SystemMetricsSampler, SystemResource
 from anemoi_profiler.measure.visible_devices import visible_gpu_uuids
@@ -85,19 +86,19 @@ def test_samples_carry_mlflow_names_plausible_values_and_training_steps() -> Non
     assert len(recorder.samples) >= 3
     assert [step for _, step in recorder.samples] == list(range(len(recorder.samples)))
     for metrics, _ in recorder.samples:
-        names = {key.removeprefix("system/") for key in metrics}
-        assert all(key.startswith("system/") for key in metrics)
-        assert names >= PSUTIL_NAMES
+        leaves = {key.removeprefix(names.SYSTEM) for key in metrics}
+        assert all(key.startswith(names.SYSTEM) for key in metrics)
+        assert leaves >= PSUTIL_NAMES
         for name, value in metrics.items():
             if name.endswith("_percentage"):
                 assert 0.0 <= value <= 100.0, name
-        assert metrics["system/system_memory_usage_megabytes"] > 0
-        assert metrics["system/disk_usage_megabytes"] > 0
-        assert metrics["system/disk_available_megabytes"] > 0
-        assert metrics["system/network_receive_megabytes"] >= 0
-        assert metrics["system/network_transmit_megabytes"] >= 0
+        assert metrics[names.system("system_memory_usage_megabytes")] > 0
+        assert metrics[names.system("disk_usage_megabytes")] > 0
+        assert metrics[names.system("disk_available_megabytes")] > 0
+        assert metrics[names.system("network_receive_megabytes")] >= 0
+        assert metrics[names.system("network_transmit_megabytes")] >= 0
     first, _ = recorder.samples[0]
-    assert first["system/network_receive_megabytes"] == 0.0  # cumulative since start, as in MLflow
+    assert first[names.system("network_receive_megabytes")] == 0.0  # cumulative since start, as in MLflow
 
 
 def test_first_cpu_sample_measures_real_work() -> None:
@@ -117,15 +118,15 @@ def test_first_cpu_sample_measures_real_work() -> None:
     finally:
         busy.set()
     first, _ = recorder.samples[0]
-    assert first["system/cpu_utilization_percentage"] > 100.0 / (os.cpu_count() or 1) / 2
+    assert first[names.CPU_UTILIZATION] > 100.0 / (os.cpu_count() or 1) / 2
 
 
 def test_node_id_gives_mlflow_multi_node_names() -> None:
     recorder = Recorder()
     run_sampler(recorder, samples=1, node_id="node-3")
     metrics, _ = recorder.samples[0]
-    assert "system/node-3/cpu_utilization_percentage" in metrics
-    assert all(key.startswith("system/node-3/") for key in metrics)
+    assert names.system("cpu_utilization_percentage", "node-3") in metrics
+    assert all(key.startswith(names.system("", "node-3")) for key in metrics)
 
 
 def test_start_costs_the_caller_nothing_samples_at_once_and_stop_is_prompt_final_and_idempotent() -> None:
@@ -204,8 +205,8 @@ def test_failing_resource_is_logged_once_and_others_continue(caplog: pytest.LogC
         "System metrics: resource 'broken' failed (OSError('sensor unplugged')); further failures are not logged."
     ]
     for metrics, _ in recorder.samples:
-        assert metrics["system/answer"] == 42.0
-        assert "system/cpu_utilization_percentage" in metrics
+        assert metrics[names.system("answer")] == 42.0
+        assert names.CPU_UTILIZATION in metrics
 
 
 def test_missing_disk_path_loses_only_disk_metrics(caplog: pytest.LogCaptureFixture) -> None:
@@ -217,7 +218,7 @@ def test_missing_disk_path_loses_only_disk_metrics(caplog: pytest.LogCaptureFixt
     assert "'disk'" in caplog.records[0].getMessage()
     metrics, _ = recorder.samples[-1]
     assert not any("disk" in key for key in metrics)
-    assert "system/system_memory_usage_percentage" in metrics
+    assert names.system("system_memory_usage_percentage") in metrics
 
 
 def test_gpu_metrics_appear_exactly_when_nvml_reads_gpus(caplog: pytest.LogCaptureFixture) -> None:
@@ -227,15 +228,15 @@ def test_gpu_metrics_appear_exactly_when_nvml_reads_gpus(caplog: pytest.LogCaptu
         run_sampler(recorder, samples=1)
 
     metrics, _ = recorder.samples[-1]
-    gpu_keys = {key for key in metrics if key.startswith("system/gpu_")}
+    gpu_keys = {key for key in metrics if key.startswith(names.system("gpu_"))}
     if gpus is None:
         assert gpu_keys == set()
         assert any(record.getMessage().startswith("No GPU system metrics") for record in caplog.records)
     else:
-        expected = {f"system/gpu_{ordinal}_{name}" for ordinal in gpus.handles for name in GPU_NAMES}
+        expected = {names.gpu(ordinal, name) for ordinal in gpus.handles for name in GPU_NAMES}
         assert gpu_keys <= expected
         for ordinal in gpus.handles:
-            assert metrics[f"system/gpu_{ordinal}_memory_usage_megabytes"] > 0
+            assert metrics[names.gpu(ordinal, "memory_usage_megabytes")] > 0
         for key in gpu_keys:
             assert metrics[key] >= 0, key
             if key.endswith("_percentage"):

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.tracking import resolve_tracking_uri
@@ -81,13 +81,13 @@ def test_unreachable_server_never_blocks_training_and_sync_replays_exactly_once(
     assert not pending_batches(folder / "spool" / "rank0")
     client = MlflowClient(target)
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
-    history = client.get_metric_history(run.info.run_id, "time/train/step_ms")
+    history = client.get_metric_history(run.info.run_id, names.TRAIN_STEP_MS)
     assert [m.step for m in history] == [2, 4, 6, 8, 10]  # 10 batches, one point per 2: all there, once
     assert run.info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(run.info.run_id, "profiler")} >= {"profiler/config.yaml"}
     # a second sync has nothing left to send and duplicates nothing
     assert main(["sync", str(folder), "--tracking-uri", target]) == 0
-    assert len(client.get_metric_history(run.info.run_id, "time/train/step_ms")) == 5
+    assert len(client.get_metric_history(run.info.run_id, names.TRAIN_STEP_MS)) == 5
 
 
 def test_unreachable_server_is_reported_once_with_the_replay_command(
@@ -154,7 +154,7 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
         assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "throughput/train/samples_per_sec")]
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, names.TRAIN_SAMPLES_PER_SEC)]
         assert steps == list(range(2, 31, 2))  # none lost while the server was down, none duplicated
         assert {a.path for a in client.list_artifacts(run.info.run_id, "profiler")} >= {"profiler/report.json"}
         (folder,) = run_folders(tmp_path / "runs")
@@ -199,4 +199,4 @@ def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "time/train/step_ms")] == [4, 8, 10]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, names.TRAIN_STEP_MS)] == [4, 8, 10]

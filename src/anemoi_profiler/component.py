@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import names
 from .config import ConfigError, ProfilerConfig
 from .layout import TRACES_DIR
 from .profiling.durations import DurationStats
@@ -28,7 +29,7 @@ from .report import ReportSection, RunReport
 from .run import run_page
 from .run.distributed import RankExchange
 from .run.environment import collect_environment
-from .run.folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .run.folder import open_sink, print_where_to_look, upload_folder, write_run_folder
 from .run.window_exchange import exchange_summaries, spread_metrics, write_tables
 from .tracking.uris import resolve_tracking_uri
 
@@ -154,7 +155,7 @@ def profile_component(
     runnable = torch.compile(target, backend=backend) if backend else target
 
     environment = collect_environment()
-    run_dir = create_folder(config, environment)
+    run_dir = write_run_folder(config, environment)
     described = {
         "target": name,
         "inputs": ", ".join(f"{tuple(i.shape)} {i.dtype}" for i in inputs),
@@ -247,10 +248,10 @@ def _component_section(calls: DurationStats, steps: int) -> tuple[ReportSection,
     metrics: dict[str, float] = {}
     if "first call" in stats:
         values["first call (compiles, warms caches)"] = (stats["first call"]["mean_ms"], "ms")
-        metrics["summary/component/first_call_ms"] = stats["first call"]["mean_ms"]
+        metrics[names.component_summary("first_call_ms")] = stats["first call"]["mean_ms"]
     if "call" in stats:
         for key in ("mean_ms", "p50_ms", "p90_ms", "max_ms"):
             values[f"call {key.removesuffix('_ms')}"] = (stats["call"][key], "ms")
-            metrics[f"summary/component/call_{key}"] = stats["call"][key]
+            metrics[names.component_summary(f"call_{key}")] = stats["call"][key]
     note = "Wall time per call including the profiler's overhead in active steps; the device is synchronized."
     return ReportSection.key_values("Component", values, note), metrics

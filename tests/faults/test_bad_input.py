@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure.snapshot_reader import load_snapshot, summarize_snapshot
@@ -102,8 +102,8 @@ def test_batches_without_tensors_train_and_say_once_that_samples_are_not_counted
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("cannot find the batch size in a batch of type list" in m for m in warnings) == 1, warnings
     history = read_history(run_folders(tmp_path / "runs")[0])
-    assert history["throughput/train/batches_per_sec"]["step"] == [2, 4, 6, 8, 10]
-    assert "throughput/train/samples_per_sec" not in history
+    assert history[names.TRAIN_BATCHES_PER_SEC]["step"] == [2, 4, 6, 8, 10]
+    assert names.TRAIN_SAMPLES_PER_SEC not in history
 
 
 def test_a_batch_size_fn_that_raises_falls_back_to_counting_tensors(
@@ -121,7 +121,7 @@ def test_a_batch_size_fn_that_raises_falls_back_to_counting_tensors(
         fit.fit(TinyRegressor(), train)
     assert fit.global_step == 10
     assert sum("batch_size_fn raised TypeError" in r.getMessage() for r in caplog.records) == 1
-    assert read_history(run_folders(tmp_path / "runs")[0])["throughput/train/samples_per_sec"]["step"][-1] == 10
+    assert read_history(run_folders(tmp_path / "runs")[0])[names.TRAIN_SAMPLES_PER_SEC]["step"][-1] == 10
 
 
 # ---- analyze: damaged traces, no traces, run ids that look like paths ----

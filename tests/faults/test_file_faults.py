@@ -19,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.layout import RUN_INFO_FILE as RUN_FILE
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import read_history
@@ -133,7 +133,7 @@ def test_disk_full_during_a_trace_export_lets_the_training_finish(
         assert "cannot write the spool" in warnings and "they are lost" not in warnings
         run = only_run(store)
         assert run.info.status == "FINISHED"
-        assert metric_steps(store, run.info.run_id, "time/train/step_ms") == [2, 4, 6, 8, 10]
+        assert metric_steps(store, run.info.run_id, names.TRAIN_STEP_MS) == [2, 4, 6, 8, 10]
 
 
 def test_an_unwritable_spool_sends_from_memory(
@@ -226,16 +226,19 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     sync_dir.mkdir()
     store = new_store(output_dir / "mlflow.db")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    job_logs = {batches: (tmp_path / f"job{batches}.log").open("w") for batches in (6, 10)}
     jobs = {
         batches: subprocess.Popen(
             [sys.executable, str(HERE / "start_together.py"), str(output_dir), str(sync_dir), str(batches)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=(tmp_path / f"job{batches}.log").open("w"),
+            stderr=log,
             text=True,
         )
-        for batches in (6, 10)
+        for batches, log in job_logs.items()
     }
+    for log in job_logs.values():
+        log.close()  # each job keeps its own copy
     deadline = time.monotonic() + 180
     while len(list(sync_dir.glob("ready-*"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -256,7 +259,7 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
         report = json.loads((folder / "report.json").read_text())
         assert report["header"]["run folder"] == str(folder)
         assert report["header"]["steps"] == batches == job_said["steps"]
-        assert read_history(folder)["time/train/step_ms"]["step"][-1] == batches
+        assert read_history(folder)[names.TRAIN_STEP_MS]["step"][-1] == batches
         assert {"config.yaml", "environment.json", "report.txt"} <= {p.name for p in folder.iterdir()}
     from mlflow.tracking import MlflowClient
 
@@ -266,4 +269,4 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     assert all(run.info.status == "FINISHED" for run in runs)
     for run in runs:
         expected = 6 if run.info.run_name == said[6]["run_folder"] else 10
-        assert metric_steps(store, run.info.run_id, "time/train/step_ms")[-1] == expected
+        assert metric_steps(store, run.info.run_id, names.TRAIN_STEP_MS)[-1] == expected

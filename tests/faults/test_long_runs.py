@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from tests.faults.fault_helpers import metric_steps, only_run, quick_config
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -93,7 +93,7 @@ def test_profiler_buffers_stay_bounded_over_100k_training_steps(
 
     run = only_run(store)
     assert run.info.status == "FINISHED"
-    assert metric_steps(store, run.info.run_id, "time/train/step_ms") == list(range(50, 100_001, 50))
+    assert metric_steps(store, run.info.run_id, names.TRAIN_STEP_MS) == list(range(50, 100_001, 50))
 
 
 def open_file_descriptors() -> int:

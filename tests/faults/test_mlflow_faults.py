@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.tracking.spool import pending_batches
 from tests.faults.fault_helpers import (
@@ -32,7 +32,7 @@ from tests.helpers.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.faults
 
-STEP_KEY = "time/train/step_ms"
+STEP_KEY = names.TRAIN_STEP_MS
 TEN_BATCHES_LOGGED_EVERY_TWO = [2, 4, 6, 8, 10]
 
 

@@ -24,7 +24,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch.utils.data import DataLoader, Dataset
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.analysis.preflight import check_window
 from anemoi_profiler.callbacks import StepTimingCallback, ThroughputCallback
 from anemoi_profiler.cli.main import main
@@ -113,7 +113,7 @@ def test_exception_in_a_step_flushes_traces_report_metrics_and_marks_the_run_fai
 
     folder = only_run_folder(tmp_path / "runs")
     assert finished_status(folder) == "FAILED"
-    assert read_history(folder)["time/train/step_ms"]["step"] == [2, 4, 6]
+    assert read_history(folder)[names.TRAIN_STEP_MS]["step"] == [2, 4, 6]
     window = check_window(folder / "traces" / "train" / "window_0")  # complete, readable, ranked
     assert window.ranks == [0] and window.profiler_steps == 2
     assert (folder / "time_report.json").is_file()
@@ -159,7 +159,7 @@ def test_exception_in_the_dataloader_passes_through_unchanged_and_marks_the_run_
 
     folder = only_run_folder(tmp_path / "runs")
     assert finished_status(folder) == "FAILED"
-    assert read_history(folder)["time/train/step_ms"]["step"] == [2, 4, 6]
+    assert read_history(folder)[names.TRAIN_STEP_MS]["step"] == [2, 4, 6]
     assert only_run(embedded_store).info.status == "FAILED"
 
 
@@ -183,7 +183,7 @@ def test_keyboard_interrupt_exits_as_without_the_profiler_and_marks_the_run_kill
     assert exit_code(build_callbacks(quick_config(tmp_path / "runs"))) == exit_code([]) == 1
     folder = only_run_folder(tmp_path / "runs")
     assert finished_status(folder) == "KILLED"
-    assert read_history(folder)["time/train/step_ms"]["step"] == [2, 4]
+    assert read_history(folder)[names.TRAIN_STEP_MS]["step"] == [2, 4]
     assert only_run(embedded_store).info.status == "KILLED"
 
 
@@ -212,10 +212,10 @@ def test_sigterm_from_a_scheduler_flushes_marks_the_run_killed_and_keeps_the_exi
         assert (sign in output["profiled"]) == (sign in output["plain"]), output["profiled"][-3000:]
     folder = only_run_folder(tmp_path / "runs")
     assert finished_status(folder) == "KILLED"
-    assert read_history(folder)["time/train/step_ms"]["step"][:3] == [2, 4, 6]
+    assert read_history(folder)[names.TRAIN_STEP_MS]["step"][:3] == [2, 4, 6]
     run = only_run(embedded_store)
     assert run.info.status == "KILLED"
-    assert "summary/train/samples_per_sec" in run.data.metrics
+    assert names.SUMMARY_TRAIN_SAMPLES_PER_SEC in run.data.metrics
     assert not pending_batches(folder / "spool" / "rank0")
 
 
@@ -262,6 +262,6 @@ def test_sigkill_after_the_grace_period_loses_nothing_that_was_measured(
     assert main(["sync", str(folder), "--tracking-uri", target]) == 0
     run = only_run(target)
     assert run.info.status == "KILLED"
-    logged = read_history(folder)["time/train/step_ms"]["step"]
-    assert metric_steps(target, run.info.run_id, "time/train/step_ms") == logged and logged[:3] == [2, 4, 6]
-    assert "summary/train/samples_per_sec" in run.data.metrics
+    logged = read_history(folder)[names.TRAIN_STEP_MS]["step"]
+    assert metric_steps(target, run.info.run_id, names.TRAIN_STEP_MS) == logged and logged[:3] == [2, 4, 6]
+    assert names.SUMMARY_TRAIN_SAMPLES_PER_SEC in run.data.metrics

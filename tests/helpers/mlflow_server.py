@@ -38,21 +38,21 @@ class MlflowServer:
         return self._store_uri or f"sqlite:///{self.folder / 'server.db'}"
 
     def start(self, timeout_s: float = 90.0) -> None:
-        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "mlflow", "server",
-                "--backend-store-uri", self.store_uri,
-                "--artifacts-destination", str(self.folder / "artifacts"),
-                "--host", "127.0.0.1",
-                "--port", str(self.port),
-                "--workers", "1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        )  # fmt: skip
+        with open(self.folder / "server.log", "ab") as log:  # the server process keeps its own copy
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "mlflow", "server",
+                    "--backend-store-uri", self.store_uri,
+                    "--artifacts-destination", str(self.folder / "artifacts"),
+                    "--host", "127.0.0.1",
+                    "--port", str(self.port),
+                    "--workers", "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+            )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

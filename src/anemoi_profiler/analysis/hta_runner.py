@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from .. import names
 from ..layout import HTA_SUMMARY_FILE
 from ..report import MB
 from . import hta_worker
@@ -301,7 +302,7 @@ def _merge_records(
             summary["failed"][name] = record["error"]
         elif name != LOAD_STEP:
             summary["ran"].append(name)
-            summary["metrics"].update(record["metrics"])
+            summary["metrics"].update({names.HTA + key: value for key, value in record["metrics"].items()})
             summary["warnings"].extend(f"{name}: {warning}" for warning in record["warnings"])
             summary["top_kernels"] = record["top_kernels"] or summary["top_kernels"]
     finished = {record.get("analysis") for record in records}
@@ -338,7 +339,7 @@ def _remove_previous_results(out_dir: Path) -> None:
 def _prefixed(metrics: dict[str, float], window: str) -> dict[str, float]:
     if not window:
         return dict(metrics)
-    return {f"hta/{window}/{key.removeprefix('hta/')}": value for key, value in metrics.items()}
+    return {names.hta_window(window, key): value for key, value in metrics.items()}
 
 
 def _format_window(window: dict[str, Any]) -> list[str]:
@@ -350,7 +351,7 @@ def _format_window(window: dict[str, Any]) -> list[str]:
     kernel_share = {
         key.rsplit("/", 1)[1].removesuffix("_kernel_time_pct"): value
         for key, value in window["metrics"].items()
-        if key.startswith("hta/all_ranks/") and key.endswith("_kernel_time_pct")
+        if key.startswith(names.hta_all_ranks("")) and key.endswith("_kernel_time_pct")
     }
     if kernel_share:
         shares = ", ".join(f"{kind} {pct:.1f}%" for kind, pct in kernel_share.items())
@@ -380,18 +381,18 @@ _RANK_COLUMNS = {
 
 
 def _format_rank_table(metrics: dict[str, float], ranks: list[int]) -> list[str]:
-    columns = [c for c in _RANK_COLUMNS if any(f"hta/rank{r}/{c}" in metrics for r in ranks)]
+    columns = [c for c in _RANK_COLUMNS if any(names.hta_rank(r, c) in metrics for r in ranks)]
     if not columns:
         return []
     widths = [len(_RANK_COLUMNS[c]) for c in columns]
     rows = ["  rank " + " ".join(_RANK_COLUMNS[c] for c in columns)]
     for rank in ranks[:MAX_RANK_ROWS]:
-        values = [metrics.get(f"hta/rank{rank}/{c}") for c in columns]
+        values = [metrics.get(names.hta_rank(rank, c)) for c in columns]
         cells = ["-" if value is None else f"{value:.1f}" for value in values]
         rows.append(f"  {rank:>4} " + " ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)))
     if len(ranks) > MAX_RANK_ROWS:
         rows.append(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks in temporal_breakdown.csv")
-        idle = {r: metrics[f"hta/rank{r}/idle_pct"] for r in ranks if f"hta/rank{r}/idle_pct" in metrics}
+        idle = {r: metrics[names.hta_rank(r, "idle_pct")] for r in ranks if names.hta_rank(r, "idle_pct") in metrics}
         if idle:
             busiest, idlest = min(idle, key=idle.get), max(idle, key=idle.get)
             rows.append(

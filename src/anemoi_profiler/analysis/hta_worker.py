@@ -49,16 +49,18 @@ class Context:
 
 
 @dataclass
-class Outcome:
+class AnalysisResult:
+    """What one HTA analysis found: metrics (keys below `hta/`), warnings, the top kernels."""
+
     metrics: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     top_kernels: list[dict[str, Any]] = field(default_factory=list)
 
 
-def temporal_breakdown(ctx: Context) -> Outcome:
+def temporal_breakdown(ctx: Context) -> AnalysisResult:
     table = ctx.analyzer.get_temporal_breakdown(visualize=False)
     write_table(table, ctx.out_dir, "temporal_breakdown")
-    outcome = Outcome()
+    outcome = AnalysisResult()
     for row in table.to_dict("records"):
         rank = int(row["rank"])
         outcome.metrics[rank_metric(rank, "idle_pct")] = row["idle_time_pctg"]
@@ -67,7 +69,7 @@ def temporal_breakdown(ctx: Context) -> Outcome:
     return outcome
 
 
-def idle_time_breakdown(ctx: Context) -> Outcome:
+def idle_time_breakdown(ctx: Context) -> AnalysisResult:
     table, intervals = ctx.analyzer.get_idle_time_breakdown(
         ranks=ctx.ranks, visualize=False, show_idle_interval_stats=True
     )
@@ -76,21 +78,21 @@ def idle_time_breakdown(ctx: Context) -> Outcome:
         write_table(intervals, ctx.out_dir, "idle_time_intervals")
     idle = table.groupby(["rank", "idle_category"])["idle_time"].sum()
     share = 100 * idle / idle.groupby(level="rank").transform("sum")
-    outcome = Outcome()
+    outcome = AnalysisResult()
     for (rank, category), pct in share.items():
         outcome.metrics[rank_metric(int(rank), f"idle_{category}_share_pct")] = round(pct, 2)
     return outcome
 
 
-def gpu_kernel_breakdown(ctx: Context) -> Outcome:
+def gpu_kernel_breakdown(ctx: Context) -> AnalysisResult:
     analyzer = ctx.analyzer
     kernel_types, kernels = analyzer.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
     write_table(kernel_types, ctx.out_dir, "kernel_type_breakdown")
     write_table(kernels, ctx.out_dir, "gpu_kernel_breakdown")
-    outcome = Outcome()
+    outcome = AnalysisResult()
     for row in kernel_types.to_dict("records"):
         if " " not in row["kernel_type"]:  # COMPUTATION, not "COMPUTATION overlapping MEMORY"
-            outcome.metrics[f"hta/all_ranks/{row['kernel_type'].lower()}_kernel_time_pct"] = row["percentage"]
+            outcome.metrics[f"all_ranks/{row['kernel_type'].lower()}_kernel_time_pct"] = row["percentage"]
     total_us = kernels["sum (us)"].sum()
     named = kernels[kernels["name"] != "others"]
     top = named.groupby(["name", "kernel_type"])["sum (us)"].sum().nlargest(TOP_KERNELS)
@@ -101,10 +103,10 @@ def gpu_kernel_breakdown(ctx: Context) -> Outcome:
     return outcome
 
 
-def comm_comp_overlap(ctx: Context) -> Outcome:
+def comm_comp_overlap(ctx: Context) -> AnalysisResult:
     table = ctx.analyzer.get_comm_comp_overlap(visualize=False)
     write_table(table, ctx.out_dir, "comm_comp_overlap")
-    outcome = Outcome()
+    outcome = AnalysisResult()
     for row in table.to_dict("records"):
         rank, pct = int(row["rank"]), row["comp_comm_overlap_pctg"]
         if math.isfinite(pct):
@@ -114,11 +116,11 @@ def comm_comp_overlap(ctx: Context) -> Outcome:
     return outcome
 
 
-def cuda_kernel_launch_stats(ctx: Context) -> Outcome:
+def cuda_kernel_launch_stats(ctx: Context) -> AnalysisResult:
     import pandas as pd
 
     per_rank = ctx.analyzer.get_cuda_kernel_launch_stats(ranks=ctx.ranks, visualize=False)
-    outcome = Outcome()
+    outcome = AnalysisResult()
     summaries = []
     for rank, launches in per_rank.items():
         durations = launches[["cpu_duration", "gpu_duration", "launch_delay"]]
@@ -133,26 +135,26 @@ def cuda_kernel_launch_stats(ctx: Context) -> Outcome:
     return outcome
 
 
-def queue_length_summary(ctx: Context) -> Outcome:
+def queue_length_summary(ctx: Context) -> AnalysisResult:
     table = ctx.analyzer.get_queue_length_summary(ranks=ctx.ranks)
     if table is None:
-        return Outcome(warnings=["HTA found no CUDA launch queue events"])
+        return AnalysisResult(warnings=["HTA found no CUDA launch queue events"])
     write_table(table, ctx.out_dir, "queue_length_summary")
-    outcome = Outcome()
+    outcome = AnalysisResult()
     for rank, longest in table[("queue_length", "max")].groupby(level="rank").max().items():
         outcome.metrics[rank_metric(int(rank), "cuda_launch_queue_max")] = longest
     return outcome
 
 
-def memory_bw_summary(ctx: Context) -> Outcome:
+def memory_bw_summary(ctx: Context) -> AnalysisResult:
     table = ctx.analyzer.get_memory_bw_summary(ranks=ctx.ranks)
     if table is None:
-        return Outcome(warnings=["HTA found no memcpy/memset bandwidth events"])
+        return AnalysisResult(warnings=["HTA found no memcpy/memset bandwidth events"])
     write_table(table, ctx.out_dir, "memory_bw_summary")
-    return Outcome()
+    return AnalysisResult()
 
 
-def critical_path(ctx: Context) -> Outcome:
+def critical_path(ctx: Context) -> AnalysisResult:
     """One profiler step of the lowest rank: HTA's graph grows with every event, so one step is the
     affordable unit, and the first step is skipped when there are others because it misses events."""
     rank = ctx.ranks[0]
@@ -170,10 +172,10 @@ def critical_path(ctx: Context) -> Outcome:
     bound_by["pct"] = (100 * bound_by["duration_us"] / bound_by["duration_us"].sum()).round(2)
     write_table(bound_by, ctx.out_dir, "critical_path_summary")
     shares = zip(bound_by["bound_by"], bound_by["pct"], strict=True)
-    return Outcome(metrics={rank_metric(rank, f"critical_path_{bound}_pct"): pct for bound, pct in shares})
+    return AnalysisResult(metrics={rank_metric(rank, f"critical_path_{bound}_pct"): pct for bound, pct in shares})
 
 
-ANALYSES: dict[str, Callable[[Context], Outcome]] = {
+ANALYSES: dict[str, Callable[[Context], AnalysisResult]] = {
     "temporal_breakdown": temporal_breakdown,
     "idle_time_breakdown": idle_time_breakdown,
     "gpu_kernel_breakdown": gpu_kernel_breakdown,
@@ -187,7 +189,9 @@ ANALYSIS_NAMES = tuple(ANALYSES)
 
 
 def rank_metric(rank: int, name: str) -> str:
-    return f"hta/rank{rank}/{name}"
+    """A metric's key below `hta/` (`rank0/idle_pct`): this script runs without the package, so the runner puts
+    the `names.HTA` prefix on every key it reads back."""
+    return f"rank{rank}/{name}"
 
 
 def write_table(table: pd.DataFrame, out_dir: Path, name: str) -> None:

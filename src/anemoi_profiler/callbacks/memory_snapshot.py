@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .. import names
 from ..layout import snapshot_path
 from ..measure.snapshot_reader import summarize_snapshot
 from ..report import GB, MB, ReportSection
@@ -182,8 +183,8 @@ class MemorySnapshotCallback(ProfilerCallback):
         }
         note = f"Rank {self.rank}; open the files at {VIEWER}. Reserved and allocated are at dump time."
         summary = {
-            "summary/memory/snapshot_dump_s": sum(dump.seconds for dump in self.dumps),
-            "summary/memory/snapshot_mb": sum(dump.size_bytes for dump in self.dumps) / MB,
+            names.SUMMARY_SNAPSHOT_DUMP_S: sum(dump.seconds for dump in self.dumps),
+            names.SUMMARY_SNAPSHOT_MB: sum(dump.size_bytes for dump in self.dumps) / MB,
         }
         return ReportSection("Memory snapshot", columns, rows, data, note), summary
 

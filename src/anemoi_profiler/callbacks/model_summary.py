@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
-# Strategies whose parameters are sharded: a forward pass on one rank would block on the others' all-gathers.
 PLAIN_DATA_PARALLEL = ("DDPStrategy",)
 """Strategies whose forward pass runs no collective: the summary's forward on rank 0 alone is safe under them."""
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")

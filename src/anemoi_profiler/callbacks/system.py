@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import names
 from ..measure.energy import EnergyShare, EnergyTally
 from ..measure.resource import GpuResource
 from ..measure.system_metrics import SystemMetricsSampler
@@ -86,10 +87,10 @@ class SystemMetricsCallback(ProfilerCallback):
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
         if not self.session.is_global_zero or not (means or summary):
             return None, {}
-        values = {key.removeprefix("system/"): (value, "") for key, value in means.items() if "energy" not in key}
+        values = {key.removeprefix(names.SYSTEM): (value, "") for key, value in means.items() if "energy" not in key}
         units = {"kwh": "kWh", "per_sample": "J"}
         for key, value in summary.items():
-            name = key.removeprefix("summary/")
+            name = key.removeprefix(names.SUMMARY)
             values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
         samples = max((int(count) for _, count in self.sums.values()), default=0)
         notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]

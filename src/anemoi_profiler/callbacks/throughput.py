@@ -16,19 +16,18 @@ from typing import Any
 
 import torch
 
+from .. import names
 from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
-from ..run import trainer_info
+from ..run import lightning_actions, trainer_info
 from ..run.eager import can_run_eagerly, eager, is_compiled
 from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
+from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
 
 log = logging.getLogger(__name__)
-
-TRAINING_STEP_ACTION = "run_training_batch"
-"""Lightning's profiler action around a training step (forward, backward, optimizer step), without the hooks."""
 
 
 def import_function(path: str) -> Callable[..., Any]:
@@ -124,7 +123,7 @@ class ThroughputCallback(StageCallback):
                 self._flop_counter = _StepFlops()
                 timer = self.clock.gaps.loop_timer
                 if timer is not None:
-                    timer.around_next(TRAINING_STEP_ACTION, self._flop_counter.counting)
+                    timer.around_next(lightning_actions.TRAINING_STEP, self._flop_counter.counting)
                 else:
                     self._flop_counter.start()
             elif ended and self._flop_counter is not None:
@@ -177,12 +176,12 @@ class ThroughputCallback(StageCallback):
         for lap, seconds in laps:
             self.session.log_metrics(self._device_rates(stage, lap.batches, lap.samples, lap.items, seconds), lap.step)
         if ranks:
-            self.session.log_metrics(self._global_rates(stage, ranks), laps[-1][0].step)
+            self.session.log_metrics(self._global_rates(stage, ranks) | _slowest_rank(stage, ranks), laps[-1][0].step)
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
     ) -> dict[str, float]:
-        prefix = f"throughput/{stage}/device"
+        prefix = names.throughput(stage, "device")
         metrics = {f"{prefix}/batches_per_sec": batches / seconds}
         if samples:
             metrics[f"{prefix}/samples_per_sec"] = samples / seconds
@@ -202,7 +201,7 @@ class ThroughputCallback(StageCallback):
             return {}
         per_replica = self.session.parallelism.ranks_per_replica
         items_per_replica = per_replica if self.config.distributed.item_counting == "replica" else 1
-        prefix = f"throughput/{stage}"
+        prefix = names.THROUGHPUT + stage
         metrics = {f"{prefix}/batches_per_sec": sum(r.batches / r.elapsed_s for r in timed) / per_replica}
         samples_per_sec = sum(r.samples / r.elapsed_s for r in timed) / per_replica
         if samples_per_sec:
@@ -226,12 +225,15 @@ class ThroughputCallback(StageCallback):
             if totals.elapsed_s > 0:
                 rates.update(self._device_rates(stage, totals.batches, totals.samples, totals.items, totals.elapsed_s))
             for key, value in rates.items():
-                name = key.removeprefix("throughput/")
-                summary[f"summary/{name}"] = value
+                name = key.removeprefix(names.THROUGHPUT)
+                summary[names.summary_of(key)] = value
                 if name.endswith("mfu"):
                     values[f"{name}_percent"] = (value * 100, "%")
                 else:
                     values[name] = (value, "/s")
+            for key, value in _slowest_rank(stage, ranks).items():
+                summary[names.summary_of(key)] = value
+                values[key.removeprefix(names.THROUGHPUT)] = (int(value), "")
             if rates and ranks:
                 values[f"{stage}/measured_batches"] = (int(sum(r.batches for r in ranks)), "")
         if self.flops_per_sample:
@@ -252,12 +254,12 @@ class ThroughputCallback(StageCallback):
         if overlap_s:
             values["train/startup_overlap_s"] = (overlap_s, "s")
             values["train/measured_s"] = (measured_s, "s")
-            summary["summary/train/startup_overlap_s"] = overlap_s
+            summary[names.SUMMARY_TRAIN_STARTUP_OVERLAP_S] = overlap_s
             share = "All" if overlap_s >= measured_s else f"The first {overlap_s:.2g} s"
             notes.append(
                 f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
                 "MLflow sender, a separate process, importing MLflow and creating the run), which can read them "
-                "slower even with a core free for it (by 0.2–4 % on 2 shared cores: docs/benchmarks.md). On Linux, "
+                "slower even with a core free for it (docs/benchmarks.md, short runs). On Linux, "
                 "where the training kept every core busy, the sender waited for idle time instead, and MLflow "
                 "got the records at the end. A longer run, more warmup_steps, callbacks made before the model and "
                 "its data (the sender then starts up while they are built), or a later run of the same process (its "
@@ -361,3 +363,9 @@ class _StepFlops:
             active, self._active = self._active, None
             active.close()
             self._total = int(self._counter.get_total_flops())
+
+
+def _slowest_rank(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
+    """`throughput/train/slowest_rank`, the rank the others wait for, where every rank timed its gradient sync."""
+    rank = rank_waited_for(ranks) if stage == "train" else None
+    return {} if rank is None else {names.TRAIN_SLOWEST_RANK: float(rank)}

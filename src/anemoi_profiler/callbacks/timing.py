@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import torch
 
+from .. import names
 from ..report import MB, ReportSection
 from ..run import trainer_info
 from ..run.intervals import STAGES, Lap, RankTotals
@@ -21,6 +22,7 @@ from ..run.rank_figures import (
     describe_ranks,
     gap_figures,
     memory_figures,
+    rank_waited_for,
     step_figures,
 )
 from .stage_callback import StageCallback
@@ -69,10 +71,10 @@ class StepTimingCallback(StageCallback):
     def lap_extras(self, stage: str) -> dict[str, float]:
         if stage != "train":  # validation peaks stay in the counters and show in the next training interval
             return {}
-        extras = {"memory/cpu_rss_mb": self.resident.bytes() / MB}
+        extras = {names.CPU_RSS_MB: self.resident.bytes() / MB}
         if self.cuda_device is not None:
-            extras["memory/peak_allocated_mb"] = torch.cuda.max_memory_allocated(self.cuda_device) / MB
-            extras["memory/peak_reserved_mb"] = torch.cuda.max_memory_reserved(self.cuda_device) / MB
+            extras[names.PEAK_ALLOCATED_MB] = torch.cuda.max_memory_allocated(self.cuda_device) / MB
+            extras[names.PEAK_RESERVED_MB] = torch.cuda.max_memory_reserved(self.cuda_device) / MB
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
         for key, value in extras.items():
             self.peaks[key] = max(self.peaks.get(key, 0.0), value)
@@ -91,7 +93,7 @@ class StepTimingCallback(StageCallback):
         for lap, seconds in laps:
             metrics = dict(lap.extras)
             if self.session.world_size > 1:  # with one rank these equal the figures below
-                metrics[f"time/{stage}/device/step_ms"] = seconds / lap.batches * 1000
+                metrics[names.timing(stage, "device/step_ms")] = seconds / lap.batches * 1000
             self.session.log_metrics(metrics, lap.step)
         if ranks:
             self.session.log_metrics(self._across_ranks(stage, ranks), laps[-1][0].step)
@@ -112,31 +114,32 @@ class StepTimingCallback(StageCallback):
     def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
+        gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
         for stage in STAGES:
-            across = self._across_ranks(stage, self.gathered_totals(stage))
+            across = self._across_ranks(stage, gathered[stage])
             for key, value in across.items():
-                name = key if key.startswith("memory/") else key.split("/", 1)[1]
-                summary[f"summary/{name}"] = value
+                name = names.summary_of(key).removeprefix(names.SUMMARY)
+                summary[names.summary(name)] = value
                 values[name] = _with_unit(name, value)
         train = self.totals["train"]
         if train.elapsed_s > 0:
             values["train/dataloader_wait_share"] = (train.wait_s / train.elapsed_s * 100, "%")
         for key, value in self.peaks.items():
-            values[key.replace("memory/", "max ")] = (value, "MB")
-            summary[f"summary/{key}"] = value
+            values[key.replace(names.MEMORY, "max ")] = (value, "MB")
+            summary[names.summary_of(key)] = value
         if not values or not self.session.is_global_zero:
             return None, {}
         callbacks = self.clock.gaps.callbacks_ms()
         if callbacks:
             values["other callbacks between steps (sampled)"] = (_named(callbacks), "")
-        self.session.add_section(self._ranks_section(summary))
+        self.session.add_section(self._ranks_section(summary, gathered["train"]))
         note = (
             "Per batch: step = the whole cadence; within it, data wait = the fetch from the dataloader, callbacks = "
             "other callbacks' batch hooks between the steps, loop = Lightning's loop between batches."
         )
         return ReportSection.key_values("Step time and memory", values, note), summary
 
-    def _ranks_section(self, summary: dict[str, float]) -> ReportSection | None:
+    def _ranks_section(self, summary: dict[str, float], train: list[RankTotals]) -> ReportSection | None:
         """How ranks share the work and who waits for whom, with host names; data the diagnosis reads too."""
         session = self.session
         if session.world_size < 2:
@@ -149,12 +152,12 @@ class StepTimingCallback(StageCallback):
         }
         reason = self.clock.gradient_sync.not_assessed
         values["collective wait"] = (f"not assessed: {reason}" if reason else "measured per optimizer step", "")
-        for label, key in (
-            ("the rank the others wait for", "summary/train/slowest_rank"),
-            ("largest data wait on", "summary/train/dataloader_slowest_rank"),
+        for label, found in (
+            ("the rank the others wait for", rank_waited_for(train)),
+            ("largest data wait on", summary.get(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)),
         ):
-            if key in summary:
-                rank = int(summary[key])
+            if found is not None:
+                rank = int(found)
                 values[label] = (f"rank {rank} ({hosts[rank] if rank < len(hosts) else 'host unknown'})", "")
         return ReportSection.key_values("Ranks", values)
 
@@ -166,4 +169,4 @@ def _named(milliseconds: dict[str, float]) -> str:
 def _with_unit(name: str, value: float) -> tuple[Any, str]:
     if name.endswith("_rank"):
         return int(value), ""
-    return value, "MB" if name.startswith("memory/") else "ms"
+    return value, "MB" if name.startswith(names.MEMORY) else "ms"

@@ -13,6 +13,8 @@ import re
 from collections import defaultdict
 from dataclasses import astuple, dataclass
 
+from .. import names
+
 GPU_ENERGY = re.compile(r"^gpu_\d+_energy_joules$")
 CPU_ENERGY = "cpu_energy_joules"
 JOULES_PER_KWH = 3.6e6
@@ -99,7 +101,7 @@ class EnergyShare:
             )
             notes.append(f"GPU energy: not available ({why}).")
         elif self.gpu_counters:
-            summary["summary/energy/gpu_kwh"] = self.gpu_joules / JOULES_PER_KWH
+            summary[names.SUMMARY_GPU_KWH] = self.gpu_joules / JOULES_PER_KWH
             if not self.samples:
                 notes.append(
                     "Energy per sample: not available (no steady-state samples: ThroughputCallback counts them)."
@@ -110,14 +112,14 @@ class EnergyShare:
                     f"state; they are {interval_s:g} s apart: lower system.interval_s)."
                 )
             else:
-                summary["summary/energy/joules_per_sample"] = self.steady_gpu_joules / self.samples
+                summary[names.SUMMARY_JOULES_PER_SAMPLE] = self.steady_gpu_joules / self.samples
             notes.append(
                 f"GPU energy of {self.gpus:g} GPU(s) on {self.nodes:g} node(s) from their counters, over the run; per "
                 "sample: steady-state GPU power × steady-state training time ÷ samples counted once per data-parallel "
                 f"replica; {SHARED_GPU_CAVEAT}."
             )
         if self.nodes and self.cpu_counters == self.nodes:
-            summary["summary/energy/cpu_kwh"] = self.cpu_joules / JOULES_PER_KWH
+            summary[names.SUMMARY_CPU_KWH] = self.cpu_joules / JOULES_PER_KWH
         elif self.nodes:
             notes.append(f"CPU package energy: {NO_CPU_ENERGY}.")
         return summary, notes

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from .. import names
 from ..report import MB
 from .amd import AmdGpuResource
 from .nvidia import NvidiaGpuResource
@@ -162,7 +163,7 @@ class SystemMetricsSampler:
         self.publish = publish
         self.step_fn = step_fn
         self.interval_s = interval_s
-        self.prefix = f"system/{node_id}/" if node_id else "system/"
+        self.prefix = names.system("", node_id)
         self.gpu_ordinals = gpu_ordinals
         self.disk_path = disk_path
         self.gpu_vendor = gpu_vendor

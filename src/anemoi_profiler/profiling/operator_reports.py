@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import names
 from ..layout import MEMORY_REPORT, TIME_REPORT, TRACES_DIR
 from ..report import ReportSection, format_value, plain_table
 from .device_memory import StepMemory
@@ -56,7 +57,7 @@ def summarize_windows(windows: ProfilingWindows, traces_note: str) -> tuple[list
         )
     overview, metrics = _overview(windows, traces_note)
     for name, stats in hooks.items():
-        metrics[f"summary/profiler/{name}_ms"] = stats["mean_ms"]
+        metrics[names.profiler_summary(f"{name}_ms")] = stats["mean_ms"]
     sections = [
         overview,
         *operator_sections(windows.operator_tables, options.top_n, windows.rank, options.time_report, memory),
@@ -204,11 +205,11 @@ def _overview(windows: ProfilingWindows, traces_note: str) -> tuple[ReportSectio
     metrics: dict[str, float] = {}
     for stage, count in windows.completed.items():
         values[f"{stage} windows"] = (count, "")
-        metrics[f"summary/profiler/windows/{stage}"] = count
+        metrics[names.profiler_summary(f"windows/{stage}")] = count
     trace_mb = traces_mb(windows.run_dir)
     if trace_mb:
         values["traces"] = (f"{format_value(trace_mb, 'MB')} in {TRACES_DIR}/, {traces_note}", "")
-        metrics["summary/profiler/trace_mb"] = trace_mb
+        metrics[names.profiler_summary("trace_mb")] = trace_mb
     if windows.traces is not None and windows.traces.skipped:
         values["traces not written (too large)"] = (", ".join(windows.traces.skipped), "")
     if windows.step_memory is not None and windows.step_memory.measured:
@@ -217,11 +218,11 @@ def _overview(windows: ProfilingWindows, traces_note: str) -> tuple[ReportSectio
         values["profiled steps: peak reserved"] = (totals["peak_reserved_mb"], "MB")
         values["profiled steps: allocation retries"] = (totals["alloc_retries"], "")
         values["profiled steps: OOMs"] = (totals["ooms"], "")
-        metrics.update({f"summary/profiler/{key}": float(value) for key, value in totals.items()})
+        metrics.update({names.profiler_summary(key): float(value) for key, value in totals.items()})
     if windows.timeline_seconds is not None:
         path = windows.timeline_path.relative_to(windows.run_dir)
         values["memory timeline"] = (f"{path}, exported in {windows.timeline_seconds:.1f} s", "")
-        metrics["summary/profiler/memory_timeline_s"] = windows.timeline_seconds
+        metrics[names.profiler_summary("memory_timeline_s")] = windows.timeline_seconds
     if not values:
         values["windows"] = ("none completed", "")
     return ReportSection.key_values("Torch profiler", values), metrics

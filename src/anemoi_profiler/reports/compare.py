@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .. import names
 from ..report import format_value, plain_table
 from .charts import Chart, Series, to_svg
 from .html import esc, html_page, html_table, svg_image
@@ -25,21 +26,21 @@ OPERATOR_MIN_SHARE = 0.01
 Status = Literal["regression", "improvement", ""]
 
 COMPARED: tuple[tuple[str, str, str, bool], ...] = (
-    ("throughput/train/samples_per_sec", "training samples/s", "/s", True),
-    ("throughput/train/items_per_sec", "training items/s", "/s", True),
-    ("throughput/val/samples_per_sec", "validation samples/s", "/s", True),
-    ("throughput/train/mfu", "MFU", "%", True),
-    ("time/train/step_ms", "training step", "ms", False),
-    ("time/train/dataloader_wait_ms", "dataloader wait", "ms", False),
-    ("time/train/step_ms_max", "slowest rank's step", "ms", False),
-    ("time/val/step_ms", "validation step", "ms", False),
-    ("memory/peak_allocated_mb", "peak allocated (GPU)", "MB", False),
-    ("memory/peak_reserved_mb", "peak reserved (GPU)", "MB", False),
-    ("memory/cpu_rss_mb", "process RSS (CPU)", "MB", False),
+    (names.TRAIN_SAMPLES_PER_SEC, "training samples/s", "/s", True),
+    (names.TRAIN_ITEMS_PER_SEC, "training items/s", "/s", True),
+    (names.VAL_SAMPLES_PER_SEC, "validation samples/s", "/s", True),
+    (names.TRAIN_MFU, "MFU", "%", True),
+    (names.TRAIN_STEP_MS, "training step", "ms", False),
+    (names.TRAIN_DATALOADER_WAIT_MS, "dataloader wait", "ms", False),
+    (names.TRAIN_STEP_MS_MAX, "slowest rank's step", "ms", False),
+    (names.VAL_STEP_MS, "validation step", "ms", False),
+    (names.PEAK_ALLOCATED_MB, "peak allocated (GPU)", "MB", False),
+    (names.PEAK_RESERVED_MB, "peak reserved (GPU)", "MB", False),
+    (names.CPU_RSS_MB, "process RSS (CPU)", "MB", False),
 )
 """Metrics compared: key, label, unit, whether higher is better. Rates and times as the median log interval
 has them (`RunData.typical`: an interval slowed by a trace export does not decide), memory at its peak."""
-OVERLAID = {"throughput/train/samples_per_sec": "Training samples/s", "time/train/step_ms": "Training step ms"}
+OVERLAID = {names.TRAIN_SAMPLES_PER_SEC: "Training samples/s", names.TRAIN_STEP_MS: "Training step ms"}
 """Metrics drawn for both runs over the steps on the HTML page."""
 _CONTEXT = ("model", "device", "world size", "precision", "strategy", "versions")
 """What should match for a fair comparison; differences are listed above the numbers."""
@@ -167,7 +168,7 @@ def _shorten(name: str) -> str:
 
 
 def _value(run: RunData, key: str) -> float | None:
-    value = run.summary(key) if key.startswith("memory/") else run.typical(key)
+    value = run.summary(key) if key.startswith(names.MEMORY) else run.typical(key)
     return value * 100 if value is not None and key.endswith("mfu") else value
 
 

@@ -6,6 +6,7 @@ limit on a description may cut the end off. The same figures as report.html's ti
 
 from __future__ import annotations
 
+from .. import names
 from ..report import format_value
 from .diagnosis import NotAssessed, Outcome, fired
 from .run_data import RunData
@@ -14,11 +15,11 @@ HEADING = "**anemoi-profiler: what limits this run**"
 WINDOWS_SECTION = "Profiling windows"
 """The report section that lists every profiling window (`run.triggers.windows_section`)."""
 KEY_FIGURES = {
-    "throughput/train/samples_per_sec": ("training samples/s", ""),
-    "throughput/train/items_per_sec": ("training items/s", ""),
-    "throughput/val/samples_per_sec": ("validation samples/s", ""),
-    "time/train/step_ms": ("training step", "ms"),
-    "time/train/dataloader_wait_ms": ("dataloader wait", "ms"),
+    names.TRAIN_SAMPLES_PER_SEC: ("training samples/s", ""),
+    names.TRAIN_ITEMS_PER_SEC: ("training items/s", ""),
+    names.VAL_SAMPLES_PER_SEC: ("validation samples/s", ""),
+    names.TRAIN_STEP_MS: ("training step", "ms"),
+    names.TRAIN_DATALOADER_WAIT_MS: ("dataloader wait", "ms"),
 }
 """Per-interval metrics shown as a typical interval has them (what the diagnosis reads too)."""
 
@@ -26,9 +27,9 @@ KEY_FIGURES = {
 def key_figures(run: RunData) -> dict[str, str]:
     """The headline figures that the run has: rates and times of the median log interval, MFU, peak memory."""
     values = {label: format_value(run.typical(key), unit) for key, (label, unit) in KEY_FIGURES.items()}
-    mfu = run.typical("throughput/train/mfu")
+    mfu = run.typical(names.TRAIN_MFU)
     values["MFU"] = f"{mfu * 100:.2g}%" if mfu is not None else "n/a"
-    values["peak allocated (GPU)"] = format_value(run.summary("memory/peak_allocated_mb"), "MB")
+    values["peak allocated (GPU)"] = format_value(run.summary(names.PEAK_ALLOCATED_MB), "MB")
     return {label: value for label, value in values.items() if value != "n/a"}
 
 

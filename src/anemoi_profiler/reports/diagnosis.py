@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import mean
 
+from .. import names
 from ..report import ReportSection
 from .epoch_starts import slow_epoch_starts
 from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
@@ -66,21 +67,21 @@ MFU_VERY_LOW = 0.10
 
 def dataloader_bound(run: RunData) -> Outcome:
     """On the measured fetch time; with several ranks the rank that waits longest, which sets everyone's pace."""
-    step_ms = run.typical("time/train/step_ms")
+    step_ms = run.typical(names.TRAIN_STEP_MS)
     if not step_ms:
         return NotAssessed("no training step times: timing off, or no batch after the warmup")
-    wait_ms, where = run.typical("time/train/dataloader_wait_ms_max"), ""
+    wait_ms, where = run.typical(names.TRAIN_DATALOADER_WAIT_MS_MAX), ""
     if wait_ms is not None:
-        rank = run.summary("train/dataloader_slowest_rank")
+        rank = run.last(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)
         where = f" on rank {rank:.0f}" if rank is not None else ""
     else:
-        wait_ms = run.typical("time/train/dataloader_wait_ms")
+        wait_ms = run.typical(names.TRAIN_DATALOADER_WAIT_MS)
     if wait_ms is None:
         return NotAssessed("the fetch from the dataloader was not timed (see docs/metrics.md)")
     share = wait_ms / step_ms
     if share < DATALOADER_WAIT_SHARE:
         return None
-    intervals = len(run.series("time/train/step_ms")[1])
+    intervals = len(run.series(names.TRAIN_STEP_MS)[1])
     source = f", median of {intervals} log intervals" if intervals >= TYPICAL_MIN_INTERVALS else ""
     return Verdict(
         "dataloader-bound",
@@ -116,7 +117,7 @@ def host_bound(run: RunData) -> Outcome:
         )
         threshold = HOST_WAIT_SHARE
     else:
-        busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical("time/train/step_ms")
+        busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical(names.TRAIN_STEP_MS)
         if busy_ms is None or not step_ms:
             return NotAssessed("no idle breakdown (HTA, window summary) and no device times in the time report")
         waiting = 1.0 - busy_ms / step_ms
@@ -173,7 +174,7 @@ def communication_bound(run: RunData) -> Outcome:
 
 def callback_bound(run: RunData) -> Outcome:
     """Other callbacks' batch hooks between the steps (EMA, image logging, a checkpoint every step)."""
-    step_ms, callbacks_ms = run.typical("time/train/step_ms"), run.typical("time/train/callbacks_ms")
+    step_ms, callbacks_ms = run.typical(names.TRAIN_STEP_MS), run.typical(names.TRAIN_CALLBACKS_MS)
     if not step_ms or callbacks_ms is None:
         return NotAssessed("no callback times: timing off, or no batch after the warmup")
     share = callbacks_ms / step_ms
@@ -197,24 +198,24 @@ def callback_bound(run: RunData) -> Outcome:
 
 def slow_rank(run: RunData) -> Outcome:
     """The rank the others wait for, from each rank's wait per optimizer step (see docs/metrics.md)."""
-    straggler_ms = run.typical("time/train/straggler_ms")
+    straggler_ms = run.typical(names.TRAIN_STRAGGLER_MS)
     if straggler_ms is None:
         ranks = (run.sections.get("Ranks") or {}).get("data") or {}
         assessed = str(ranks.get("collective wait") or "")
         return NotAssessed(assessed.removeprefix("not assessed: ") if assessed.startswith("not") else "one rank")
-    step_ms = run.typical("time/train/step_ms") or 0.0
+    step_ms = run.typical(names.TRAIN_STEP_MS) or 0.0
     accumulate = int(run.environment.get("accumulate_grad_batches") or 1)
     optimizer_step_ms = step_ms * accumulate
     share = straggler_ms / optimizer_step_ms if optimizer_step_ms else 0.0
     if share < STRAGGLER_SHARE:
         return None
-    rank = run.summary("train/slowest_rank")
+    rank = run.last(names.SUMMARY_TRAIN_SLOWEST_RANK)
     which = f"rank {rank:.0f}" if rank is not None else "one rank"
     hosts = run.environment.get("hosts") or []
     if rank is not None and int(rank) < len(hosts):
         which += f" on {hosts[int(rank)]}"
-    data_rank = run.summary("train/dataloader_slowest_rank")
-    data_max, data_mean = run.typical("time/train/dataloader_wait_ms_max"), run.typical("time/train/dataloader_wait_ms")
+    data_rank = run.last(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)
+    data_max, data_mean = run.typical(names.TRAIN_DATALOADER_WAIT_MS_MAX), run.typical(names.TRAIN_DATALOADER_WAIT_MS)
     world = int(run.environment.get("world_size") or 2)
     extra_data_ms = (data_max - data_mean) * world / (world - 1) * accumulate if data_max and data_mean else 0.0
     by_data = data_rank == rank and extra_data_ms >= DATA_EXPLAINS_STRAGGLER * straggler_ms
@@ -263,8 +264,8 @@ def memory_use(run: RunData) -> Outcome:
     if not run.on_gpu or not capacity:
         return NotAssessed("no CUDA device memory")
     profiled = run.profiled_memory()
-    allocated = max(run.summary("memory/peak_allocated_mb") or 0.0, profiled.get("peak_allocated_mb", 0.0))
-    reserved = max(run.summary("memory/peak_reserved_mb") or 0.0, profiled.get("peak_reserved_mb", 0.0))
+    allocated = max(run.summary(names.PEAK_ALLOCATED_MB) or 0.0, profiled.get("peak_allocated_mb", 0.0))
+    reserved = max(run.summary(names.PEAK_RESERVED_MB) or 0.0, profiled.get("peak_reserved_mb", 0.0))
     if not allocated:
         return NotAssessed("no peak memory measured: timing off")
     used = max(allocated, reserved) / capacity
@@ -297,7 +298,7 @@ def memory_use(run: RunData) -> Outcome:
 
 
 def low_mfu(run: RunData) -> Outcome:
-    mfu = run.typical("throughput/train/mfu")
+    mfu = run.typical(names.TRAIN_MFU)
     if mfu is None:
         return NotAssessed("FLOPs per sample or the device's peak unknown, see throughput.device_peak_flops")
     if mfu >= MFU_LOW:
@@ -397,7 +398,7 @@ def _batch_factor(free_ratio: float) -> str:
 
 
 def _data_wait_share(run: RunData) -> float:
-    step_ms, wait_ms = run.typical("time/train/step_ms"), run.typical("time/train/dataloader_wait_ms")
+    step_ms, wait_ms = run.typical(names.TRAIN_STEP_MS), run.typical(names.TRAIN_DATALOADER_WAIT_MS)
     return wait_ms / step_ms if step_ms and wait_ms else 0.0
 
 

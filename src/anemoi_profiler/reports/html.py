@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import names
 from ..layout import REPORT_HTML
 from ..profiling.op_tables import MEMORY_EXPLANATION
 from ..report import format_value
@@ -220,14 +221,14 @@ def _hta_window(window: dict[str, Any]) -> str:
     ranks = window.get("ranks") or []
     metrics = window.get("metrics") or {}
     parts = [f"<h3>{esc(window.get('window') or window.get('folder', ''))}</h3>"]
-    columns = [c for c in _HTA_RANK_COLUMNS if any(f"hta/rank{r}/{c}" in metrics for r in ranks)]
+    columns = [c for c in _HTA_RANK_COLUMNS if any(names.hta_rank(r, c) in metrics for r in ranks)]
     if columns:
-        rows = [[r, *(_cell(metrics.get(f"hta/rank{r}/{c}")) for c in columns)] for r in ranks]
+        rows = [[r, *(_cell(metrics.get(names.hta_rank(r, c))) for c in columns)] for r in ranks]
         parts.append(html_table(["rank", *(_HTA_RANK_COLUMNS[c] for c in columns)], rows))
     shares = {
         key.rsplit("/", 1)[1].removesuffix("_kernel_time_pct"): value
         for key, value in metrics.items()
-        if key.startswith("hta/all_ranks/") and key.endswith("_kernel_time_pct")
+        if key.startswith(names.hta_all_ranks("")) and key.endswith("_kernel_time_pct")
     }
     if shares:
         text = ", ".join(f"{kind} {float(pct):.1f}%" for kind, pct in shares.items())

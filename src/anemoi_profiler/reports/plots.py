@@ -13,6 +13,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import names
 from ..layout import PLOTS_DIR
 from .charts import Chart, Series, to_matplotlib, to_svg
 from .run_data import RunData, load_run
@@ -36,7 +37,7 @@ def throughput_chart(run: RunData) -> Chart | None:
     units = []
     for stage in ("train", "val"):
         for unit in ("samples", "batches"):
-            steps, values = run.series(f"throughput/{stage}/{unit}_per_sec")
+            steps, values = run.series(names.throughput(stage, f"{unit}_per_sec"))
             if steps:
                 chart.series.append(Series(f"{stage} {unit}/s", steps, values, markers=True))
                 units.append(unit)
@@ -49,10 +50,10 @@ def throughput_chart(run: RunData) -> Chart | None:
 
 def step_time_chart(run: RunData) -> Chart | None:
     """Training step time per log interval, split into dataloader wait and the rest (compute, framework)."""
-    steps, step_ms = run.series("time/train/step_ms")
+    steps, step_ms = run.series(names.TRAIN_STEP_MS)
     if not steps:
         return None
-    wait = dict(zip(*run.series("time/train/dataloader_wait_ms"), strict=True))
+    wait = dict(zip(*run.series(names.TRAIN_DATALOADER_WAIT_MS), strict=True))
     waits = [min(wait.get(step, 0.0), total) for step, total in zip(steps, step_ms, strict=True)]
     rest = [total - waited for total, waited in zip(step_ms, waits, strict=True)]
     gaps = [b - a for a, b in pairwise(steps)]
@@ -62,7 +63,7 @@ def step_time_chart(run: RunData) -> Chart | None:
         Series("dataloader wait", steps, waits, kind="bars", color="#d95f02", widths=widths),
         Series("rest of the step", steps, rest, kind="bars", color="#1b9e77", widths=widths, bottom=waits),
     ]
-    slowest_steps, slowest = run.series("time/train/step_ms_max")
+    slowest_steps, slowest = run.series(names.TRAIN_STEP_MS_MAX)
     if slowest_steps:
         chart.series.append(Series("slowest rank", slowest_steps, slowest, kind="ticks", color="#000000"))
     return chart
@@ -71,9 +72,9 @@ def step_time_chart(run: RunData) -> Chart | None:
 def memory_chart(run: RunData) -> Chart | None:
     """Peak device memory per log interval against the device's capacity, and the process's resident memory."""
     lines = {
-        "memory/peak_allocated_mb": "GPU peak allocated",
-        "memory/peak_reserved_mb": "GPU peak reserved",
-        "memory/cpu_rss_mb": "process RSS (CPU)",
+        names.PEAK_ALLOCATED_MB: "GPU peak allocated",
+        names.PEAK_RESERVED_MB: "GPU peak reserved",
+        names.CPU_RSS_MB: "process RSS (CPU)",
     }
     series = {label: run.series(key) for key, label in lines.items()}
     drawn = {label: points for label, points in series.items() if points[0]}

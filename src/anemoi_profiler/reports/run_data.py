@@ -18,6 +18,7 @@ from pathlib import Path
 from statistics import mean, median
 from typing import Any
 
+from .. import names
 from ..layout import (
     ARTIFACT_ROOT,
     CONFIG_FILE,
@@ -106,7 +107,7 @@ class RunData:
 
     def summary(self, name: str) -> float | None:
         """The end-of-run value `summary/<name>` (e.g. `train/step_ms`)."""
-        return self.last(f"summary/{name}")
+        return self.last(names.summary(name))
 
     def typical(self, key: str) -> float | None:
         """A per-interval metric (`time/train/step_ms`) as a typical interval has it: the median over the log
@@ -126,7 +127,7 @@ class RunData:
         accelerator = self.environment.get("accelerator")
         if accelerator:
             return accelerator == "CUDAAccelerator"
-        return bool(self.environment.get("devices")) or "memory/peak_allocated_mb" in self.metrics
+        return bool(self.environment.get("devices")) or names.PEAK_ALLOCATED_MB in self.metrics
 
     def device_memory_mb(self) -> float | None:
         """Memory of rank 0's device (the first visible one), in MB."""

@@ -1,13 +1,12 @@
 """The trainer's profiler, stood in for: times each data fetch, and once per log interval each callback's hooks.
 
-Lightning calls `trainer.profiler.start/stop("[_TrainingEpochLoop].train_dataloader_next")` around every fetch
-from the training dataloader (also inside a `dataloader_iter` training step, from every dataloader of a
-combined loader) and `"[_EvaluationLoop].val_next"` around validation fetches, and wraps every callback hook
-in `trainer.profiler.profile("[Callback]<state key>.<hook>")`. Standing in for the profiler (the user's
-`SimpleProfiler` or `PyTorchProfiler` as well as Lightning's do-nothing default) sees both without a hook of
-our own: every call goes on to the real profiler unchanged. `profile` is the real profiler's own method
-except while a sample is taken or a block is watched (the first training step, whose FLOPs are counted),
-so the per-hook cost stays what Lightning already pays.
+Lightning calls `trainer.profiler.start/stop` around every fetch from the training dataloader (also inside a
+`dataloader_iter` training step, from every dataloader of a combined loader) and around validation fetches,
+and wraps every callback hook in `trainer.profiler.profile` (the action names: `lightning_actions.py`).
+Standing in for the profiler (the user's `SimpleProfiler` or `PyTorchProfiler` as well as Lightning's
+do-nothing default) sees both without a hook of our own: every call goes on to the real profiler unchanged.
+`profile` is the real profiler's own method except while a sample is taken or a block is watched (the first
+training step, whose FLOPs are counted), so the per-hook cost stays what Lightning already pays.
 """
 
 from __future__ import annotations
@@ -18,12 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from .intervals import STAGES
-
-FETCH_ACTIONS = {
-    "[_TrainingEpochLoop].train_dataloader_next": "train",
-    "[_EvaluationLoop].val_next": "val",
-}
-CALLBACK_ACTION = "[Callback]"
+from .lightning_actions import CALLBACK_PREFIX, FETCH_ACTIONS
 
 
 class LoopTimer:
@@ -89,8 +83,8 @@ class LoopTimer:
         started = time.perf_counter()
         with self.wrapped.profile(action_name) as name:
             yield name
-        if self._sample is not None and action_name.startswith(CALLBACK_ACTION):
-            state_key = action_name[len(CALLBACK_ACTION) :].rsplit(".", 1)[0]
+        if self._sample is not None and action_name.startswith(CALLBACK_PREFIX):
+            state_key = action_name[len(CALLBACK_PREFIX) :].rsplit(".", 1)[0]
             self._sample[state_key] = self._sample.get(state_key, 0.0) + time.perf_counter() - started
 
 

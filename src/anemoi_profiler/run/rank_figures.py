@@ -7,7 +7,8 @@
 - Collective wait per optimizer step: the wait for the gradient all-reduce (see `gradient_sync`) plus the
   time a rank spent in Lightning's loop beyond the rank that spent least there (the loop's per-batch
   stop-signal broadcast waits for every rank, and takes the waits of micro-batches under gradient
-  accumulation). The rank that waits least is the one the others wait for (`throughput/train/slowest_rank`);
+  accumulation). The rank that waits least is the one the others wait for (`rank_waited_for`: the throughput
+  callback's `throughput/train/slowest_rank`);
   `time/train/straggler_ms` is how much longer the others wait than it does (mean over the others).
 - Memory: each peak's largest value over ranks and its rank.
 """
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 from statistics import mean
 
+from .. import names
 from .intervals import RankTotals
 
 MEMORY_PEAKS = {
-    "peak_allocated_mb": "memory/peak_allocated_mb",
-    "peak_reserved_mb": "memory/peak_reserved_mb",
-    "cpu_rss_mb": "memory/cpu_rss_mb",
+    "peak_allocated_mb": names.PEAK_ALLOCATED_MB,
+    "peak_reserved_mb": names.PEAK_RESERVED_MB,
+    "cpu_rss_mb": names.CPU_RSS_MB,
 }
 
 
@@ -29,10 +31,10 @@ def step_figures(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
     measured = [rank.step_ms for rank in ranks if rank.step_ms > 0]
     if not measured:
         return {}
-    metrics = {f"time/{stage}/step_ms": mean(measured)}
+    metrics = {names.timing(stage, "step_ms"): mean(measured)}
     if len(ranks) > 1:
-        metrics[f"time/{stage}/step_ms_min"] = min(measured)
-        metrics[f"time/{stage}/step_ms_max"] = max(measured)
+        metrics[names.timing(stage, "step_ms_min")] = min(measured)
+        metrics[names.timing(stage, "step_ms_max")] = max(measured)
     return metrics
 
 
@@ -42,39 +44,45 @@ def gap_figures(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
     if not counted:
         return {}
     metrics = {
-        f"time/{stage}/callbacks_ms": mean(rank.per_batch_ms(rank.callbacks_s) for rank in counted),
-        f"time/{stage}/loop_ms": mean(rank.per_batch_ms(rank.loop_s) for rank in counted),
+        names.timing(stage, "callbacks_ms"): mean(rank.per_batch_ms(rank.callbacks_s) for rank in counted),
+        names.timing(stage, "loop_ms"): mean(rank.per_batch_ms(rank.loop_s) for rank in counted),
     }
     if all(rank.fetches for rank in counted):
         waits = {index: rank.per_batch_ms(rank.wait_s) for index, rank in enumerate(ranks) if rank.batches}
-        metrics[f"time/{stage}/dataloader_wait_ms"] = mean(waits.values())
+        metrics[names.timing(stage, "dataloader_wait_ms")] = mean(waits.values())
         if stage == "train" and len(ranks) > 1:
             slowest = max(waits, key=waits.__getitem__)
-            metrics["time/train/dataloader_wait_ms_max"] = waits[slowest]
-            metrics["time/train/dataloader_slowest_rank"] = float(slowest)
+            metrics[names.TRAIN_DATALOADER_WAIT_MS_MAX] = waits[slowest]
+            metrics[names.TRAIN_DATALOADER_SLOWEST_RANK] = float(slowest)
     return metrics
 
 
 def collective_wait_figures(ranks: list[RankTotals]) -> dict[str, float]:
     """Empty unless every rank timed its gradient all-reduce (with one rank there is nobody to wait for)."""
     waits = collective_waits_ms(ranks)
-    if waits is None:
+    if not waits:
         return {}
     straggler = min(range(len(waits)), key=waits.__getitem__)
     others = [wait - waits[straggler] for index, wait in enumerate(waits) if index != straggler]
     return {
-        "time/train/collective_wait_ms": mean(waits),
-        "time/train/collective_wait_ms_min": min(waits),
-        "time/train/collective_wait_ms_max": max(waits),
-        "time/train/straggler_ms": mean(others),
-        "throughput/train/slowest_rank": float(straggler),
+        names.TRAIN_COLLECTIVE_WAIT_MS: mean(waits),
+        names.TRAIN_COLLECTIVE_WAIT_MS_MIN: min(waits),
+        names.TRAIN_COLLECTIVE_WAIT_MS_MAX: max(waits),
+        names.TRAIN_STRAGGLER_MS: mean(others),
     }
 
 
-def collective_waits_ms(ranks: list[RankTotals]) -> list[float] | None:
-    """Each rank's collective wait per optimizer step (ms), by rank; None unless every rank timed it."""
+def rank_waited_for(ranks: list[RankTotals]) -> int | None:
+    """The rank the others wait for: the one that waits least per optimizer step. A throughput figure
+    (`throughput/train/slowest_rank`), computed here beside the waits it comes from."""
+    waits = collective_waits_ms(ranks)
+    return min(range(len(waits)), key=waits.__getitem__) if waits else None
+
+
+def collective_waits_ms(ranks: list[RankTotals]) -> list[float]:
+    """Each rank's collective wait per optimizer step (ms), by rank; empty unless every rank timed it."""
     if len(ranks) < 2 or not all(rank.sync_steps for rank in ranks):
-        return None
+        return []
     least_loop = min(rank.loop_s / rank.sync_steps for rank in ranks)
     return [
         (rank.collective_wait_s / rank.sync_steps + rank.loop_s / rank.sync_steps - least_loop) * 1000 for rank in ranks

@@ -24,7 +24,7 @@ from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
 from .distributed import RankExchange
 from .environment import collect_environment
-from .folder import create_folder, open_sink, print_where_to_look, upload_folder
+from .folder import open_sink, print_where_to_look, upload_folder, write_run_folder
 from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .own_work import OwnWorkClock
@@ -34,7 +34,6 @@ from .triggers import TriggerWatch
 
 log = logging.getLogger(__name__)
 
-STARTUP_WAIT_WORTH_SAYING_S = 0.5
 """From how long a wait of the run's end for the MLflow sender's start-up the run's last lines say so."""
 
 
@@ -175,7 +174,7 @@ class ProfilerSession:
                 data_parallel_size=self.parallelism.data_parallel_size,
                 data_parallel_source=self.parallelism.source,
             )
-            run_dir = create_folder(self.config, environment)
+            run_dir = write_run_folder(self.config, environment)
         except OSError as error:
             log.warning(
                 "anemoi-profiler: cannot write a run folder below %s (%s: %s); the profiler is off for this run, "
@@ -263,7 +262,7 @@ class ProfilerSession:
              "upload the run folder", lambda: upload_folder(sink, run_dir, self._kept_local)),
             (sink is not None, "close the MLflow sink",
              lambda: sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
-            (self.is_global_zero, "print where to look", lambda: say_where_to_look(run_dir, sink)),
+            (self.is_global_zero, "print where to look", lambda: print_where_to_look(run_dir, sink)),
         ]  # fmt: skip
         self.end_seconds = {}
         for wanted, what, action in steps:
@@ -339,19 +338,6 @@ class ProfilerSession:
         if self._report is not None:
             self._report.add(section)
         self._summary_metrics.update(summary_metrics or {})
-
-
-def say_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
-    """Where the run went; and when its end waited for the MLflow sender's start-up (a run that ended before
-    the sender was ready), how long, and what gives the sender that time before the first batch instead."""
-    print_where_to_look(run_dir, sink)
-    if sink is not None and sink.end_waited_for_startup_s >= STARTUP_WAIT_WORTH_SAYING_S:
-        print(
-            f"anemoi-profiler: the end waited {sink.end_waited_for_startup_s:.1f} s for the MLflow sender's start-up "
-            "(a child process importing MLflow and reaching the store); anemoi_profiler.prestart_tracking() at the "
-            "top of the script, or callbacks made before the model and its data, give it that time",
-            flush=True,
-        )
 
 
 def _header_from_environment(environment: dict[str, Any], trainer: Any) -> dict[str, Any]:

@@ -225,7 +225,7 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
     """Start a sender; on Linux from a thread of its own at the sender's priority, so that the child runs at that
     priority from its first instruction: niced by itself, it spent its interpreter's start and its first imports
     (70-100 ms of CPU) at the training's priority, and beside a fit on every core that stalled one of the first
-    batches by 34-80 ms in some fits (docs/benchmarks.md, run 23)."""
+    batches by 34-80 ms in some fits."""
     if not NICE_PER_THREAD:
         return _spawn_here(store_module, idle_exit_s)
     # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after

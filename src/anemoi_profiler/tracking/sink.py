@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import names
 from ..redaction import redact_text, redact_uri
 from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
 from .sender import SenderError, SenderProcess
@@ -202,7 +203,7 @@ class TrackingSink:
     # ---- background thread ----
     def _prefixed(self, key: str) -> str:
         # System metrics keep MLflow's own names so the UI's System metrics tab shows them.
-        if not self.key_prefix or key.startswith("system/"):
+        if not self.key_prefix or key.startswith(names.SYSTEM):
             return key
         return f"{self.key_prefix}-{key}"
 
