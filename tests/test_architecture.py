@@ -125,7 +125,7 @@ def test_commands_that_train_nothing_start_without_torch(argv: list[str]) -> Non
     assert "torch imported: False lightning imported: False" in result.stdout, result.stdout + result.stderr
 
 
-METRIC_NAME = re.compile(r"(throughput|time|memory|system|summary|hta)/[\w{}<>/-]*")
+METRIC_NAME = re.compile(r"(throughput|time|memory|system|summary|hta|window)/[\w{}<>/-]*")
 
 
 def test_metric_names_are_spelled_only_in_the_names_module() -> None:

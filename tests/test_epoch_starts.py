@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.diagnosis import diagnose
@@ -120,7 +120,7 @@ def fit(tmp_path: Path, persistent_workers: bool = False, validate: bool = False
 
 def summary(run_dir: Path) -> dict[str, float]:
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return {key.removeprefix("summary/"): points["value"][-1] for key, points in metrics.items()}
+    return {key.removeprefix(names.SUMMARY): points["value"][-1] for key, points in metrics.items()}
 
 
 def measured_epoch_starts_s(clock: IndependentClock) -> float:

@@ -15,7 +15,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli import compare as compare_command
 from anemoi_profiler.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
 from anemoi_profiler.reports.comparability import allowed, differences
@@ -112,7 +112,7 @@ def test_json_for_machines(base_and_slowed: tuple[Path, Path], capsys: pytest.Ca
     assert document["exit_code"] == 1 and document["verdict"].startswith("SLOWER")
     slowdown = document["slowdown"]
     assert slowdown["outcome"] == "slower" and slowdown["lower_pct"] > 5 and slowdown["steps"][0] >= STEPS - 10
-    assert document["memory"]["figure"] == "memory/cpu_rss_mb" and not document["memory"]["more"]
+    assert document["memory"]["figure"] == names.CPU_RSS_MB and not document["memory"]["more"]
     assert any(line.startswith("  GatedModel_0/SlowBlock_0") for line in document["why"][1:2])
 
 
@@ -179,7 +179,7 @@ def test_a_rate_is_tested_as_time_per_sample(tmp_path: Path) -> None:
 
     def run(name: str, samples_per_sec: float) -> RunData:
         values = list(samples_per_sec * np.exp(rng.normal(0, 0.02, 30)))
-        metrics = {"throughput/train/samples_per_sec": {"step": list(range(30)), "value": values}}
+        metrics = {names.TRAIN_SAMPLES_PER_SEC: {"step": list(range(30)), "value": values}}
         return RunData(tmp_path / name, metrics=metrics)
 
     a, b = run("a", 1000.0), run("b", 800.0)  # 20 % fewer samples/s: each sample takes 25 % longer

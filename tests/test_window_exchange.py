@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.cli.summarize import summarize_folder
 from anemoi_profiler.layout import kernel_names_path, window_dir, window_summary_path
 from anemoi_profiler.profiling.window_events import DEVICE, LAUNCH, STEP, WindowEventsBuilder
@@ -35,8 +36,8 @@ def test_a_single_process_exchange_writes_its_names_and_gives_every_window(tmp_p
     assert tables[("train", 0)].top_kernels(0)[0]["name"] == "gemm"
     assert json.loads(kernel_names_path(tmp_path, "val", 0, 0).read_text()) == summary.name_table()
     metrics = spread_metrics("train", tables[("train", 0)])
-    assert metrics["window/train/device_span_ms_max"] == pytest.approx(0.02)
-    assert metrics["window/train/device_span_ms_argmax_rank"] == 0
+    assert metrics[names.window_spread("train", "device_span_ms", "max")] == pytest.approx(0.02)
+    assert metrics[names.window_spread("train", "device_span_ms", "argmax_rank")] == 0
 
 
 @pytest.mark.slow
@@ -62,11 +63,11 @@ def test_two_gloo_ranks_write_one_table_and_the_spread_metrics(tmp_path: Path) -
         assert from_traces.column("host_collective_ms")[rank] == pytest.approx(
             in_process[rank]["host_collective_ms"], rel=1e-2, abs=1e-3
         )
-    low, mid, high = (metrics[f"window/train/window_ms_{s}"] for s in ("min", "median", "max"))
+    low, mid, high = (metrics[names.window_spread("train", "window_ms", s)] for s in ("min", "median", "max"))
     assert 0 < low <= mid <= high
-    assert metrics["window/train/window_ms_argmax_rank"] in (0.0, 1.0)
-    assert metrics["window/train/host_collective_ms_max"] > 0  # DDP's gradient all-reduce, on gloo
-    assert "window/train/idle_pct_max" not in metrics  # never a figure nobody assessed
+    assert metrics[names.window_spread("train", "window_ms", "argmax_rank")] in (0.0, 1.0)
+    assert metrics[names.window_spread("train", "host_collective_ms", "max")] > 0  # DDP's gradient all-reduce, on gloo
+    assert names.window_spread("train", "idle_pct", "max") not in metrics  # never a figure nobody assessed
     report = json.loads((run_dir / "report.json").read_text())["sections"]["Window summary"]
     assert [row[:2] for row in report["rows"]] == [["train/window_0", 2], ["train/window_1", 2], ["val/window_0", 2]]
     assert report["rows"][0][3] == "not assessed"  # CPU-only: no device idle

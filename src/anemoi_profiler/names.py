@@ -13,6 +13,18 @@ MEMORY = "memory/"
 SYSTEM = "system/"
 SUMMARY = "summary/"
 HTA = "hta/"
+WINDOW = "window/"
+
+
+def window_spread(stage: str, field: str, statistic: str) -> str:
+    """`window/<stage>/<field>_<statistic>`: a window summary field across ranks (min, median, max, argmax_rank)."""
+    return f"{WINDOW}{stage}/{field}_{statistic}"
+
+
+def with_epoch_starts(metric: str) -> str:
+    """The end-of-run rate that counts the time at epoch starts too:
+    `throughput/train/samples_per_sec` -> `summary/train/samples_per_sec_with_epoch_starts`."""
+    return summary_of(metric) + "_with_epoch_starts"
 
 
 def throughput(stage: str, name: str) -> str:
@@ -112,6 +124,9 @@ SUMMARY_TRAIN_STEP_MS_MAX = summary_of(TRAIN_STEP_MS_MAX)
 SUMMARY_TRAIN_DATALOADER_WAIT_MS = summary_of(TRAIN_DATALOADER_WAIT_MS)
 SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK = summary_of(TRAIN_DATALOADER_SLOWEST_RANK)
 SUMMARY_TRAIN_STARTUP_OVERLAP_S = summary("train/startup_overlap_s")
+SUMMARY_TRAIN_EPOCH_STARTS = summary("train/epoch_starts")
+SUMMARY_TRAIN_EPOCH_START_S = summary("train/epoch_start_s")
+SUMMARY_TRAIN_EPOCH_START_SHARE = summary("train/epoch_start_share")
 SUMMARY_PEAK_ALLOCATED_MB = summary_of(PEAK_ALLOCATED_MB)
 SUMMARY_PEAK_RESERVED_MB = summary_of(PEAK_RESERVED_MB)
 SUMMARY_SNAPSHOT_MB = summary("memory/snapshot_mb")

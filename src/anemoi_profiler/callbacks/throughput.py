@@ -287,18 +287,18 @@ class ThroughputCallback(StageCallback):
         seconds, starts = slowest.epoch_start_s, int(slowest.epoch_starts)
         share = seconds / (slowest.elapsed_s + seconds)
         summary |= {
-            "summary/train/epoch_starts": starts,
-            "summary/train/epoch_start_s": seconds,
-            "summary/train/epoch_start_share": share,
+            names.SUMMARY_TRAIN_EPOCH_STARTS: starts,
+            names.SUMMARY_TRAIN_EPOCH_START_S: seconds,
+            names.SUMMARY_TRAIN_EPOCH_START_SHARE: share,
         }
         values |= {"train/epoch_starts": (starts, ""), "train/epoch_start_s": (seconds, "s")}
         values["train/epoch_start_share"] = (share * 100, "%")
         with_starts = [replace(rank, elapsed_s=rank.elapsed_s + rank.epoch_start_s) for rank in ranks]
         for key, value in self._global_rates("train", with_starts).items():
             if not key.endswith("mfu"):
-                name = f"{key.removeprefix('throughput/')}_with_epoch_starts"
-                summary[f"summary/{name}"] = value
-                values[name] = (value, "/s")
+                name = names.with_epoch_starts(key)
+                summary[name] = value
+                values[name.removeprefix(names.SUMMARY)] = (value, "/s")
         workers = trainer_info.train_dataloader_workers(trainer)
         if workers is not None:
             values["train/dataloader_workers"] = (workers[0], "")

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import names
 from .comparability import allowed, differences
 from .gate import GateResult, judge_slowdown
 from .html import esc
@@ -23,13 +24,13 @@ NOT_COMPARABLE_EXIT = 4
 METRICS: dict[str, tuple[str, str, bool]] = {
     "step": ("training step", "train", False),
     "val_step": ("validation step", "val", False),
-    "throughput": ("training samples/s", "throughput/train/samples_per_sec", True),
-    "items": ("training items/s", "throughput/train/items_per_sec", True),
-    "val_throughput": ("validation samples/s", "throughput/val/samples_per_sec", True),
+    "throughput": ("training samples/s", names.TRAIN_SAMPLES_PER_SEC, True),
+    "items": ("training items/s", names.TRAIN_ITEMS_PER_SEC, True),
+    "val_throughput": ("validation samples/s", names.VAL_SAMPLES_PER_SEC, True),
 }
 """`--metric` names: label, source (a stage of steps.json, else a per-interval key of metrics.json), whether higher
 is better (a rate is tested as its reciprocal, time per sample: 'slower' keeps its meaning)."""
-MEMORY_FIGURES = ("memory/peak_allocated_mb", "memory/peak_reserved_mb", "memory/cpu_rss_mb")
+MEMORY_FIGURES = (names.PEAK_ALLOCATED_MB, names.PEAK_RESERVED_MB, names.CPU_RSS_MB)
 """Peak memory figures `--fail-if-more-memory` tests, the first both sides recorded (GPU before CPU)."""
 
 

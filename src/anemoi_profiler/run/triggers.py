@@ -119,7 +119,9 @@ class TriggerWatch:
         measured = [rank.step_ms for rank in ranks if rank.step_ms > 0]
         if measured:  # the detectors keep learning while a plan waits
             peaks = [rank.peak_allocated_mb or rank.cpu_rss_mb for rank in ranks]
-            fired = self.triggers.observe(IntervalFigures(step, mean(measured), collective_waits_ms(ranks) or None, peaks))
+            fired = self.triggers.observe(
+                IntervalFigures(step, mean(measured), collective_waits_ms(ranks) or None, peaks)
+            )
         else:
             fired = None
         if self.pending is not None:

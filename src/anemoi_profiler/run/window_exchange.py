@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import names
 from ..layout import WINDOW_SUMMARIES_DIR, kernel_names_path, window_summary_path
 from ..profiling.window_summaries import WindowKey
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
@@ -21,7 +22,6 @@ from ..profiling.window_table import NOT_ASSESSED, WindowTable
 from ..report import ReportSection
 from .distributed import RankExchange
 
-METRIC_PREFIX = "window"
 SPREAD_SUFFIXES = ("min", "median", "max", "argmax_rank")
 
 
@@ -81,7 +81,7 @@ def spread_metrics(stage: str, table: WindowTable) -> dict[str, float]:
             continue  # not assessed on any rank (device fields of a CPU-only run)
         values = (spread.min, spread.median, spread.max, float(spread.argmax_rank))
         for suffix, value in zip(SPREAD_SUFFIXES, values, strict=True):
-            metrics[f"{METRIC_PREFIX}/{stage}/{field}_{suffix}"] = value
+            metrics[names.window_spread(stage, field, suffix)] = value
     return metrics
 
 
