@@ -82,9 +82,12 @@ class MlflowServer:
         raise TimeoutError(f"mlflow server did not answer on {self.uri} within {timeout_s:g} s")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        if self.process is not None:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+            if self.process.stdout is not None:
+                self.process.stdout.close()
         self.process = None
 
 
@@ -130,9 +133,12 @@ class DelayingProxy:
             return None
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        if self.process is not None:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+            if self.process.stdout is not None:
+                self.process.stdout.close()
         self.process = None
 
 
