@@ -22,8 +22,8 @@ def operator(name: str, ts: float, dur: float) -> dict[str, Any]:
     return {"ph": "X", "cat": "cpu_op", "name": name, "tid": 1, "ts": ts, "dur": dur}
 
 
-def write_trace(run_dir: Path, block_us: float) -> Path:
-    """Two profiled steps of Net(Sequential(Linear), Block); Block's forward takes `block_us` (us), the rest 1 ms."""
+def write_trace(run_dir: Path, block_us: float, block: str = "Block") -> Path:
+    """Two profiled steps of Net(Sequential(Linear), <block>); its forward takes `block_us` (us), the rest 1 ms."""
     events: list[dict[str, Any]] = []
     for step in range(2):
         start = step * 10_000.0
@@ -37,7 +37,7 @@ def write_trace(run_dir: Path, block_us: float) -> Path:
             python_event("nn.Module: Linear_0", start + 20, 900, base + 4, base + 3),
             operator("aten::linear", start + 30, 800),
             operator("aten::addmm", start + 40, 700),  # inside aten::linear: not counted again
-            python_event("nn.Module: Block_0", start + 1100, block_us, base + 5, base + 2),
+            python_event(f"nn.Module: {block}_0", start + 1100, block_us, base + 5, base + 2),
             operator("aten::mul", start + 1110, block_us - 20),
         ]
     path = trace_path(run_dir, "train", 0, 0)
@@ -143,3 +143,12 @@ def test_a_module_gone_in_b_counts_minus_its_time() -> None:
     assert changes["Net_0/Block_0"].note == "gone in B" and changes["Net_0/Block_0"].inclusive_delta_ms == -2.2
     assert changes["Net_0/Block_0/Linear_1"].note == "gone in B"
     assert changes["Net_0/Linear_1"].note == "Net_0/Linear_2 in A" and changes["Net_0/Linear_1"].self_delta_ms == 0
+
+
+def test_a_renamed_module_in_real_trace_events_is_matched_and_named(tmp_path: Path) -> None:
+    a = module_times(write_trace(tmp_path / "a", 500))
+    b = module_times(write_trace(tmp_path / "b", 1500, block="FastBlock"))
+    assert a is not None and b is not None
+    first = diff(a, b, b.step_ms - a.step_ms)[0]
+    assert (first.path, first.note) == ("Net_0/FastBlock_0", "renamed from Net_0/Block_0")
+    assert first.self_delta_ms == pytest.approx(1.0) and first.operators == [("aten::mul", pytest.approx(1.0))]
