@@ -37,8 +37,9 @@ def why_lines(a: RunData, b: RunData) -> list[str]:
     ]
     for change in changes:
         operators = ", ".join(f"{name} {delta:+.2f}" for name, delta in change.operators)
+        label = f"{change.path} ({change.note})" if change.note else change.path
         lines.append(
-            f"  {change.path}: self {change.self_delta_ms:+.2f} ms ({change.share:+.0%} of the profiled step's "
+            f"  {label}: self {change.self_delta_ms:+.2f} ms ({change.share:+.0%} of the profiled step's "
             f"change), with submodules {change.inclusive_delta_ms:+.2f} ms"
             + (f"; operators: {operators}" if operators else "")
         )
