@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .. import names
 from ..layout import PLOTS_DIR
 from .charts import Chart, Series, to_matplotlib, to_svg
+from .description import WINDOWS_SECTION
 from .run_data import RunData, load_run
 
 if TYPE_CHECKING:
@@ -66,7 +67,20 @@ def step_time_chart(run: RunData) -> Chart | None:
     slowest_steps, slowest = run.series(names.TRAIN_STEP_MS_MAX)
     if slowest_steps:
         chart.series.append(Series("slowest rank", slowest_steps, slowest, kind="ticks", color="#000000"))
+    chart.marks = window_marks(run)
     return chart
+
+
+def window_marks(run: RunData) -> list[tuple[float, str]]:
+    """The start batch and reason of each triggered or requested training window (the report's list of them)."""
+    windows = run.sections.get(WINDOWS_SECTION, {}).get("data", {}).get("windows", [])
+    return [
+        (window["start_batch"], f"window {window['window']}: {window['reason']}")
+        for window in windows
+        if window.get("stage") == "train"
+        and window.get("reason") != "schedule"
+        and window.get("start_batch") is not None
+    ]
 
 
 def memory_chart(run: RunData) -> Chart | None:
