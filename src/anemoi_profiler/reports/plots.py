@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from .. import names
 from ..layout import PLOTS_DIR
 from .charts import Chart, Series, to_matplotlib, to_svg
-from .description import WINDOWS_SECTION
 from .run_data import RunData, load_run
 
 if TYPE_CHECKING:
@@ -73,10 +72,9 @@ def step_time_chart(run: RunData) -> Chart | None:
 
 def window_marks(run: RunData) -> list[tuple[float, str]]:
     """The start batch and reason of each triggered or requested training window (the report's list of them)."""
-    windows = run.sections.get(WINDOWS_SECTION, {}).get("data", {}).get("windows", [])
     return [
         (window["start_batch"], f"window {window['window']}: {window['reason']}")
-        for window in windows
+        for window in run.profiling_windows()
         if window.get("stage") == "train"
         and window.get("reason") != "schedule"
         and window.get("start_batch") is not None
