@@ -239,8 +239,7 @@ class TorchProfilerCallback(ProfilerCallback):
             self._schedules["train"], self._spans["train"] = triggered, (triggered.start, triggered.end)
             self._triggered = plan
             if plan.memory and self._device_type == "cuda":
-                options = self.config.memory_snapshot
-                self._snapshot = WindowSnapshot(options.max_entries, shared=options.enabled)
+                self._start_snapshot(plan)
         else:
             self._windows.number_next_window("train", plan.window + 1)
         if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
@@ -284,6 +283,13 @@ class TorchProfilerCallback(ProfilerCallback):
             self._triggered = None
             self._schedules["train"] = self._configured_schedules()["train"]
             self._spans["train"] = self._scheduled_spans["train"]
+
+    def _start_snapshot(self, plan: WindowPlan) -> None:
+        options = self.config.memory_snapshot
+        try:
+            self._snapshot = WindowSnapshot(options.max_entries, shared=options.enabled)
+        except Exception as error:  # the window's trace goes on without it
+            log.warning("anemoi-profiler: no memory snapshot of window %s: %s", plan.window, error)
 
     def _dump_snapshot(self, plan: WindowPlan) -> None:
         snapshot, self._snapshot = self._snapshot, None
