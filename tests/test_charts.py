@@ -6,6 +6,8 @@ import math
 import re
 from xml.etree import ElementTree
 
+import pytest
+
 from anemoi_profiler.reports.charts import HEIGHT, WIDTH, Chart, Series, nice_ticks, tick_labels, to_matplotlib, to_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -120,3 +122,16 @@ def test_a_long_series_is_thinned_to_what_the_pixels_show_and_keeps_its_extremes
     highest, lowest = min(y for _, y in drawn), max(y for _, y in drawn)
     assert highest - top < 0.05 * (bottom - top) and bottom - lowest < 0.05 * (bottom - top)  # spike and floor
     assert [x for x, _ in drawn] == sorted(x for x, _ in drawn)
+
+
+def test_a_mark_is_a_labelled_vertical_line_at_its_x() -> None:
+    chart = Chart("Step time", x_label="step", y_min=0, marks=[(150, "window 0: drift")])
+    chart.series.append(Series("step", [0, 100, 200], [10.0, 10.0, 13.0]))
+    (mark,) = [line for line in elements(chart, "line") if line.get("class") == "mark"]
+    (line,) = elements(chart, "polyline")
+    (x_100, _), (x_200, _) = points(line)[1:]
+    assert float(mark.get("x1")) == float(mark.get("x2")) == pytest.approx((x_100 + x_200) / 2, abs=0.1)
+    assert float(mark.get("y1")) < float(mark.get("y2"))
+    assert "window 0: drift" in texts(chart)
+    axes = to_matplotlib(chart).axes[0]
+    assert [text.get_text() for text in axes.texts] == ["window 0: drift"]

@@ -218,11 +218,11 @@ def test_report_command_downloads_an_mlflow_run(profiled_run: Path, tmp_path: Pa
     output = tmp_path / "downloaded"
     assert report_command.run(report_args(run_id, "--tracking-uri", sqlite_uri, "--output", str(output))) == 0
     downloaded = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
-    # the plots are drawn again with report.html
+    # the plots are drawn again with report.html (and windows.json is there: the step-time plot marks windows)
     assert downloaded == [
         "config.yaml", "environment.json", "hta/summary.json", "memory_report.json", "metrics.json",
         "model_summary.txt", "plots/memory.svg", "plots/step_time.svg", "plots/system.svg", "plots/throughput.svg",
-        "report.html", "report.json", "report.txt", "steps.json", "time_report.json",
+        "report.html", "report.json", "report.txt", "steps.json", "time_report.json", "windows.json",
     ]  # fmt: skip
     assert html_escaped(PLANTED_OP) in (output / "report.html").read_text()
     assert report_command.run(report_args("f" * 32, "--tracking-uri", sqlite_uri)) == 1

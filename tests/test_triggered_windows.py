@@ -3,6 +3,7 @@ laid out as scheduled windows are, and listed with its evidence in windows.json;
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import threading
@@ -101,6 +102,11 @@ def test_a_run_that_becomes_30_percent_slower_gets_a_drift_window_right_after(tm
     run = load_run(run_dir)
     description = run_description(run, assess(run), "report.html")
     assert f"train window {window['window']} (drift) at batch {window['start_batch']} on ranks 0" in description
+    assert window["memory_snapshot"] is None
+    # the step-time plot, in plots/ and embedded in report.html, marks the window where it starts
+    plot = (run_dir / "plots/step_time.svg").read_text()
+    assert f"<title>window {window['window']}: drift</title>" in plot
+    assert base64.b64encode(plot.encode()).decode() in (run_dir / "report.html").read_text()
 
 
 @pytest.mark.slow
@@ -141,7 +147,8 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
         while not run_folders(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # well into training
-        answers.append(main(["request", str(run_folders(tmp_path)[0]), "--steps=2", "--ranks=0", "--wait=30"]))
+        folder = str(run_folders(tmp_path)[0])
+        answers.append(main(["request", folder, "--steps=2", "--ranks=0", "--memory", "--wait=30"]))
 
     requester = threading.Thread(target=request_when_running)
     requester.start()
@@ -152,6 +159,8 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
     assert answers == [0]
     (window,) = windows(run_dir)
     assert window["reason"] == "request" and window["steps"] == 2 and window["ranks"] == [0]
+    # served on CPU all the same; the snapshot it asked for is not assessed here
+    assert window["memory_snapshot"].startswith("not assessed: a CUDA memory snapshot needs a CUDA device")
     request = json.loads((run_dir / REQUEST_FILE).read_text())
     assert request["id"] == window["request"]
     assert (request["served_window"], request["served_at_step"]) == (window["window"], window["start_batch"])

@@ -8,6 +8,7 @@
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
   window_summaries/<stage>/window_<k>/window_summary.{csv,json}  .../kernel_names_rank<r>.json
   memory/snapshot_rank<r>.pickle  memory/snapshot_rank<r>_exception.pickle  memory/timeline_rank<r>.html
+  memory/snapshot_rank<r>_window<k>.pickle     (a triggered or requested window's snapshot)
   hta/summary.json  hta/<stage>/window_<k>/...
   spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
 ```
@@ -83,6 +84,11 @@ def kernel_names_path(run_dir: Path, stage: str, window: int, rank: int) -> Path
 
 def snapshot_path(run_dir: Path, rank: int, at_exception: bool = False) -> Path:
     return run_dir / MEMORY_DIR / f"snapshot_rank{rank}{'_exception' if at_exception else ''}.pickle"
+
+
+def window_snapshot_path(run_dir: Path, rank: int, window: int) -> Path:
+    """The snapshot of a triggered or requested training window: beside, never over, the scheduled one."""
+    return run_dir / MEMORY_DIR / f"snapshot_rank{rank}_window{window}.pickle"
 
 
 def timeline_path(run_dir: Path, rank: int) -> Path:

@@ -67,6 +67,36 @@ def dump_snapshot(path: Path, trigger: str) -> SnapshotDump:
     return dump
 
 
+class WindowSnapshot:
+    """The CUDA memory snapshot of one triggered or requested window on this rank (`request --memory`, the
+    memory trigger): allocation history with Python stacks only (cheaper to record than "all") and at most
+    `max_entries` events, from the window's first batch to its end.
+
+    When `memory_snapshot.enabled` records already, its recording is left as it is (switching it off would
+    cut that callback's history) and the dump holds what it records. Written against torch's
+    `_record_memory_history(enabled, context, stacks, max_entries)`; not run on a GPU yet.
+    """
+
+    def __init__(self, max_entries: int, shared: bool) -> None:
+        self._max_entries = max_entries
+        self._shared = shared
+        if not shared:
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context="all", stacks="python", max_entries=max_entries
+            )
+
+    def dump(self, path: Path, trigger: str) -> SnapshotDump:
+        try:
+            return dump_snapshot(path, trigger)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self._shared:
+            self._shared = True  # stops once
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
 class MemorySnapshotCallback(ProfilerCallback):
     """Records CUDA allocation history for a window of training batches (and from the fit start when
     `on_exception`) and writes `memory/snapshot_rank<r>.pickle`; on CPU it notes that it was skipped."""

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..config import ConfigSource, ProfilerConfig
-from ..layout import TRACES_DIR
+from ..layout import TRACES_DIR, window_snapshot_path
 from ..profiling.operator_reports import summarize_windows
 from ..profiling.recorder import WindowRecorder
 from ..profiling.schedule import WindowSchedule
@@ -31,6 +31,7 @@ from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entrie
 from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
 from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
+from .memory_snapshot import WindowSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class TorchProfilerCallback(ProfilerCallback):
         profiled = self.config.is_profiled_rank(self.session.global_rank)
         self._watch = self.session.triggers
         self._triggered: WindowPlan | None = None  # the triggered window this rank records now
+        self._snapshot: WindowSnapshot | None = None  # and its memory snapshot, on CUDA
+        self._device_type = trainer_info.root_device(trainer).type
         self._windows = None
         if profiled or self._watch is not None:  # a triggered window may name any rank
             self._windows = ProfilingWindows(
@@ -235,6 +238,8 @@ class TorchProfilerCallback(ProfilerCallback):
             triggered = WindowSchedule(batch, 0, plan.warmup, plan.steps, 1)
             self._schedules["train"], self._spans["train"] = triggered, (triggered.start, triggered.end)
             self._triggered = plan
+            if plan.memory and self._device_type == "cuda":
+                self._start_snapshot(plan)
         else:
             self._windows.number_next_window("train", plan.window + 1)
         if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
@@ -253,7 +258,7 @@ class TorchProfilerCallback(ProfilerCallback):
         assert self.session.run_dir is not None
         plans = self._watch.plans if self._watch is not None else []
         active = {stage: schedule.active for stage, schedule in self._configured_schedules().items()}
-        entries = window_entries(self.session.run_dir, plans, active)
+        entries = window_entries(self.session.run_dir, plans, active, self._device_type)
         write_windows(self.session.run_dir, entries)
         return entries
 
@@ -274,9 +279,27 @@ class TorchProfilerCallback(ProfilerCallback):
         if recorder is not None:
             recorder.stop()
         if stage == "train" and self._triggered is not None:  # back to the scheduled windows
+            self._dump_snapshot(self._triggered)
             self._triggered = None
             self._schedules["train"] = self._configured_schedules()["train"]
             self._spans["train"] = self._scheduled_spans["train"]
+
+    def _start_snapshot(self, plan: WindowPlan) -> None:
+        options = self.config.memory_snapshot
+        try:
+            self._snapshot = WindowSnapshot(options.max_entries, shared=options.enabled)
+        except Exception as error:  # the window's trace goes on without it
+            log.warning("anemoi-profiler: no memory snapshot of window %s: %s", plan.window, error)
+
+    def _dump_snapshot(self, plan: WindowPlan) -> None:
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None or plan.window is None or self.session.run_dir is None:
+            return
+        path = window_snapshot_path(self.session.run_dir, self.session.global_rank, plan.window)
+        try:
+            snapshot.dump(path, f"{plan.reason} window {plan.window}")
+        except Exception as error:  # a snapshot never ends the training it observes
+            log.warning("anemoi-profiler: no memory snapshot of window %d: %s", plan.window, error)
 
     def _warn_shortfall(self, stage: str, batches: int, run: str) -> None:
         problem = self._schedules[stage].shortfall(batches, f"profiler.{stage}", run)

@@ -34,13 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="the running job's run folder (printed at its start), or its MLflow run id")
     parser.add_argument("--steps", type=int, default=3, help="batches recorded (default: 3)")
     parser.add_argument("--ranks", default="", help="global ranks that record, e.g. 0,3 (default: profiled_ranks)")
+    parser.add_argument(
+        "--memory", action="store_true", help="also a CUDA memory snapshot of the window (not assessed on CPU)"
+    )
     parser.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the answer")
     parser.add_argument("--tracking-uri", help="for a run id: the job's MLflow (default: $MLFLOW_TRACKING_URI)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        request = new_request(args.steps, _ranks(args.ranks))
+        request = new_request(args.steps, _ranks(args.ranks), args.memory)
     except ValueError as error:
         print(f"anemoi-profiler: {error}", file=sys.stderr)
         return 1

@@ -26,6 +26,8 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 """Matplotlib's default colours, so that a chart and its `to_matplotlib` figure look alike."""
 LEVEL_COLOR = "#808080"
 """The dashed lines of `Chart.levels`."""
+MARK_COLOR = "#d62728"
+"""The dotted vertical lines of `Chart.marks`."""
 MAX_MARKERS = 200
 """A line with more points than this is drawn without its point markers, which would blot it."""
 FONT_PX = 12
@@ -55,13 +57,15 @@ class Series:
 @dataclass
 class Chart:
     """A titled chart of series against one x axis; `y_min`/`y_max` fix the y axis's ends (data beyond them
-    still shows), and `levels` are labelled dashed lines across it (a device's capacity, say)."""
+    still shows), `levels` are labelled dashed lines across it (a device's capacity, say) and `marks` labelled
+    vertical lines at x values (where a triggered profiling window starts, say)."""
 
     title: str
     x_label: str = ""
     y_label: str = ""
     series: list[Series] = field(default_factory=list)
     levels: dict[str, float] = field(default_factory=dict)
+    marks: list[tuple[float, str]] = field(default_factory=list)
     y_min: float | None = None
     y_max: float | None = None
 
@@ -102,6 +106,13 @@ def to_svg(chart: Chart) -> str:
             f'<line x1="{area.left}" x2="{area.right}" y1="{y}" y2="{y}" stroke="{LEVEL_COLOR}" stroke-dasharray="6 4"'
             f' stroke-width="1.2"><title>{escape(label)}</title></line>'
         )
+    for value, label in chart.marks:
+        x = _f(to_x(value))
+        parts.append(
+            f'<line class="mark" x1="{x}" x2="{x}" y1="{area.top}" y2="{area.bottom}" stroke="{MARK_COLOR}" '
+            f'stroke-dasharray="2 3" stroke-width="1.5"><title>{escape(label)}</title></line>'
+        )
+        parts.append(f'<text x="{_f(to_x(value) + 3)}" y="{area.top + 12}" fill="{MARK_COLOR}">{escape(label)}</text>')
     parts += _legend(rows, entries, _MARGIN["title"] + 4)
     parts.append("</svg>")
     return "\n".join(parts)
@@ -125,6 +136,10 @@ def to_matplotlib(chart: Chart) -> Figure:
             axes.plot(series.x, series.y, marker="o" if series.markers else None, color=color, label=series.label)
     for label, value in chart.levels.items():
         axes.axhline(value, color=LEVEL_COLOR, linestyle="--", label=label)
+    for value, label in chart.marks:
+        axes.axvline(value, color=MARK_COLOR, linestyle=":")
+        axes.annotate(label, (value, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                      textcoords="offset points", color=MARK_COLOR, fontsize="small")  # fmt: skip
     axes.set_xlabel(chart.x_label)
     axes.set_ylabel(chart.y_label)
     axes.set_ylim(bottom=chart.y_min, top=chart.y_max)
@@ -156,7 +171,7 @@ def _x_range(chart: Chart) -> tuple[float, float]:
         xs += series.x
         if series.kind == "bars" and series.widths:
             xs += [x + w for x, w in zip(series.x, series.widths, strict=True)]
-    xs = _finite(xs)
+    xs = _finite(xs + [value for value, _ in chart.marks])
     if not xs:
         return 0.0, 1.0
     lo, hi = min(xs), max(xs)

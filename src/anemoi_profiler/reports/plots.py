@@ -66,7 +66,19 @@ def step_time_chart(run: RunData) -> Chart | None:
     slowest_steps, slowest = run.series(names.TRAIN_STEP_MS_MAX)
     if slowest_steps:
         chart.series.append(Series("slowest rank", slowest_steps, slowest, kind="ticks", color="#000000"))
+    chart.marks = window_marks(run)
     return chart
+
+
+def window_marks(run: RunData) -> list[tuple[float, str]]:
+    """The start batch and reason of each triggered or requested training window (the report's list of them)."""
+    return [
+        (window["start_batch"], f"window {window['window']}: {window['reason']}")
+        for window in run.profiling_windows()
+        if window.get("stage") == "train"
+        and window.get("reason") != "schedule"
+        and window.get("start_batch") is not None
+    ]
 
 
 def memory_chart(run: RunData) -> Chart | None:

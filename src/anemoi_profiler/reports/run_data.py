@@ -34,6 +34,7 @@ from ..layout import (
     TRACES_DIR,
     WINDOW_SUMMARIES_DIR,
     WINDOW_SUMMARY,
+    WINDOWS_FILE,
 )
 
 RUN_FILES = (REPORT_JSON, METRICS_FILE, ENVIRONMENT_FILE)
@@ -43,6 +44,7 @@ DOWNLOADED_FILES = (
     *RUN_FILES,
     CONFIG_FILE,
     STEPS_FILE,
+    WINDOWS_FILE,
     f"{TIME_REPORT}.json",
     f"{MEMORY_REPORT}.json",
     MODEL_SUMMARY_FILE,
@@ -163,6 +165,12 @@ class RunData:
             "git commit": env.get("git_commit"),
         }
         return {key: value for key, value in described.items() if value not in (None, "")}
+
+    # ---- windows.json ----
+    def profiling_windows(self) -> list[dict[str, Any]]:
+        """Every profiling window with its reason (`run.triggers.window_entries`): windows.json, which rank 0
+        writes as each triggered window opens, so the report drawn before the run's last section has them."""
+        return _read_json(self.folder / WINDOWS_FILE).get("windows") or []
 
     # ---- time_report.json / memory_report.json ----
     def operator_windows(self, stage: str, report: str = "time") -> list[dict[str, Any]]:

@@ -106,6 +106,8 @@ class RankTotals:
     """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
     requested_ranks: float = 0.0
     """Its ranks as a bit mask; 0: the configured profiled ranks."""
+    requested_memory: float = 0.0
+    """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):

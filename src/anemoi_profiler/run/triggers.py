@@ -17,7 +17,7 @@ from statistics import mean
 from typing import Any
 
 from ..config import ProfilerConfig
-from ..layout import TRACE_SUFFIX, TRACES_DIR, WINDOWS_FILE
+from ..layout import TRACE_SUFFIX, TRACES_DIR, WINDOWS_FILE, window_snapshot_path
 from ..report import ReportSection
 from ..reports.description import WINDOWS_SECTION
 from ..triggers.detector import (
@@ -52,6 +52,8 @@ class WindowPlan:
     start_batch: int | None = None
     request: WindowRequest | None = None
     """The request it serves (on rank 0, which answers it)."""
+    memory: bool = False
+    """Its ranks also take a CUDA memory snapshot (`request --memory`, the memory trigger)."""
 
 
 class TriggerWatch:
@@ -104,6 +106,7 @@ class TriggerWatch:
             if self._outgoing is not None:
                 local.requested_steps = float(self._outgoing.steps)
                 local.requested_ranks = ranks_to_mask(self._outgoing.ranks)
+                local.requested_memory = float(self._outgoing.memory)
 
     def received(self, step: int, ranks: list[RankTotals]) -> None:
         if self._broken:
@@ -130,12 +133,16 @@ class TriggerWatch:
         if requested > 0:
             recording = mask_to_ranks(ranks[0].requested_ranks) or self.profiled_ranks
             request, self._outgoing = self._outgoing, None
-            self._plan(WindowPlan("request", recording, int(requested), self.warmup, step, None, request=request))
+            memory = ranks[0].requested_memory > 0
+            plan = WindowPlan("request", recording, int(requested), self.warmup, step, None)
+            self._plan(plan, request=request, memory=memory)
         elif fired is not None:
             recording = list(fired.ranks) or self.profiled_ranks
-            self._plan(WindowPlan(fired.reason, recording, self.steps, self.warmup, step, fired.evidence))
+            plan = WindowPlan(fired.reason, recording, self.steps, self.warmup, step, fired.evidence)
+            self._plan(plan, memory=fired.reason == "memory")  # a snapshot says what holds the memory that climbs
 
-    def _plan(self, plan: WindowPlan) -> None:
+    def _plan(self, plan: WindowPlan, request: WindowRequest | None = None, memory: bool = False) -> None:
+        plan.request, plan.memory = request, memory
         self.pending = plan
         log.info(
             "anemoi-profiler: %s at step %d%s: a %d-step window on rank%s %s",
@@ -169,7 +176,9 @@ class TriggerWatch:
             self._poller.stop()
 
 
-def window_entries(run_dir: Path, plans: list[WindowPlan], active: dict[str, int]) -> list[dict[str, Any]]:
+def window_entries(
+    run_dir: Path, plans: list[WindowPlan], active: dict[str, int], device_type: str
+) -> list[dict[str, Any]]:
     """Every window of the run: the triggered ones from their plans, the scheduled ones from the trace folders
     (the ranks whose trace files are there; none when traces are off)."""
     triggered = {("train", plan.window): plan for plan in plans}
@@ -177,7 +186,8 @@ def window_entries(run_dir: Path, plans: list[WindowPlan], active: dict[str, int
         {"window": plan.window, "stage": "train", "start_batch": plan.start_batch, "steps": plan.steps,
          "ranks": plan.ranks, "reason": plan.reason, "decided_at_step": plan.decided_at_step,
          "evidence": asdict(plan.evidence) if plan.evidence else None,
-         "request": plan.request.id if plan.request else None}
+         "request": plan.request.id if plan.request else None,
+         "memory_snapshot": memory_snapshot_note(run_dir, plan, device_type) if plan.memory else None}
         for plan in plans
     ]  # fmt: skip
     for folder in sorted((run_dir / TRACES_DIR).glob("*/window_*")):
@@ -193,6 +203,16 @@ def window_entries(run_dir: Path, plans: list[WindowPlan], active: dict[str, int
     return sorted(entries, key=lambda entry: (entry["stage"], entry["window"]))
 
 
+def memory_snapshot_note(run_dir: Path, plan: WindowPlan, device_type: str) -> str:
+    """What came of a window's memory snapshot: the files written, or why there are none."""
+    if device_type != "cuda":
+        return f"not assessed: a CUDA memory snapshot needs a CUDA device, this run is on {device_type}"
+    assert plan.window is not None
+    paths = [window_snapshot_path(run_dir, rank, plan.window) for rank in plan.ranks]
+    written = [str(path.relative_to(run_dir)) for path in paths if path.is_file()]
+    return ", ".join(written) or "none written yet (the window has not ended, or the dump failed: see the log)"
+
+
 def write_windows(run_dir: Path, entries: list[dict[str, Any]]) -> Path:
     path = run_dir / WINDOWS_FILE
     path.write_text(json.dumps({"windows": entries}, indent=2) + "\n")
@@ -206,13 +226,13 @@ def windows_section(entries: list[dict[str, Any]]) -> ReportSection | None:
     rows = [
         [entry["stage"], entry["window"], entry["start_batch"] if entry["start_batch"] is not None else "",
          entry["steps"], ",".join(map(str, entry["ranks"])), entry["reason"],
-         Evidence(**entry["evidence"]).describe() if entry["evidence"] else ""]
+         Evidence(**entry["evidence"]).describe() if entry["evidence"] else "", entry.get("memory_snapshot") or ""]
         for entry in entries
     ]  # fmt: skip
     triggered = sum(entry["reason"] != "schedule" for entry in entries)
     return ReportSection(
         WINDOWS_SECTION,
-        ["stage", "window", "start batch", "steps", "ranks", "reason", "evidence"],
+        ["stage", "window", "start batch", "steps", "ranks", "reason", "evidence", "memory snapshot"],
         rows,
         data={"windows": entries},
         note=f"{triggered} triggered; traces in {TRACES_DIR}/<stage>/window_<k>/, listed in {WINDOWS_FILE}",

@@ -37,17 +37,20 @@ class WindowRequest:
     steps: int
     ranks: list[int]
     requested_at: float
+    memory: bool = False
+    """Also a CUDA memory snapshot of the window on its ranks (`request --memory`)."""
     served_window: int | None = None
     served_at_step: int | None = None
 
 
-def new_request(steps: int, ranks: list[int]) -> WindowRequest:
-    """A request for a window of `steps` batches on `ranks`; ValueError naming the bad option."""
+def new_request(steps: int, ranks: list[int], memory: bool = False) -> WindowRequest:
+    """A request for a window of `steps` batches on `ranks` (with a memory snapshot); ValueError naming the bad
+    option."""
     if steps < 1:
         raise ValueError(f"--steps: got {steps}, expected an integer >= 1")
     if any(rank < 0 or rank > MAX_REQUESTED_RANK for rank in ranks):
         raise ValueError(f"--ranks: got {ranks}, expected global ranks from 0 to {MAX_REQUESTED_RANK}")
-    return WindowRequest(uuid.uuid4().hex[:12], steps, sorted(set(ranks)), time.time())
+    return WindowRequest(uuid.uuid4().hex[:12], steps, sorted(set(ranks)), time.time(), memory)
 
 
 def write_request(run_dir: Path, request: WindowRequest) -> None:
