@@ -152,7 +152,12 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
 
     requester = threading.Thread(target=request_when_running)
     requester.start()
-    overrides = ["triggers.request_poll_s=0.2", "triggers.drift=false", "tracking.enabled=true"]
+    overrides = [
+        "triggers.request_poll_s=0.2",
+        "triggers.drift=false",
+        "triggers.memory=false",
+        "tracking.enabled=true",
+    ]
     run_dir = triggered_fit(tmp_path, SlowingModel(None), 300, *overrides)
     requester.join()
 
@@ -226,7 +231,12 @@ def test_a_request_through_the_mlflow_run_tag_gets_its_window(tmp_path: Path) ->
 
     requester = threading.Thread(target=request_through_mlflow)
     requester.start()
-    overrides = ["triggers.request_poll_s=0.2", "triggers.drift=false", "tracking.enabled=true"]
+    overrides = [
+        "triggers.request_poll_s=0.2",
+        "triggers.drift=false",
+        "triggers.memory=false",
+        "tracking.enabled=true",
+    ]
     # the test's client and the job share one sqlite file: a send that finds it locked is retried a second later
     sending = ["tracking.flush_interval_s=1", "tracking.retry_interval_s=1"]
     run_dir = triggered_fit(tmp_path, SlowingModel(None), 900, *overrides, *sending)
