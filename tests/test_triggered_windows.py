@@ -173,7 +173,7 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
     steps = sorted(e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
     assert steps == [f"ProfilerStep#{window['start_batch']}", f"ProfilerStep#{window['start_batch'] + 1}"]
     mlflow_run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert mlflow_run.data.tags["profiler.triggers"] == "armed: memory, requests; triggered windows left: 3"
+    assert mlflow_run.data.tags["profiler.triggers"] == "armed: requests; triggered windows left: 3"
     assert f"train window {window['window']} (request)" in mlflow_run.data.tags["mlflow.note.content"]
 
 
