@@ -53,6 +53,7 @@ SPECS = {
     "cpu": ModelSpec("cpu", "mlp", width=256, layers=4, batch_size=64),
     "tiny": ModelSpec("tiny", "mlp", width=32, layers=2, batch_size=16),
     "cpu-5ms": ModelSpec("cpu-5ms", "mlp", width=512, layers=4, batch_size=128),
+    "cpu-50ms": ModelSpec("cpu-50ms", "mlp", width=1024, layers=4, batch_size=384),  # 10x the 5 ms model's work
     "h200": ModelSpec(
         "h200",
         "transformer",

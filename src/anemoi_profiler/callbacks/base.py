@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from ..config import ConfigSource, ProfilerConfig
 from ..report import ReportSection
 from ..run.session import ProfilerSession
+from ..tracking.startup import uses
 
 try:  # both namespaces call hooks by name, so one base class serves both trainers
     from lightning.pytorch.callbacks import Callback
@@ -84,7 +85,7 @@ class ProfilerCallback(Callback):
         self.config = self.session.config
         self._may_share = session is None
         self.disabled = False
-        for hook in PER_BATCH_HOOKS:
+        for hook in PER_BATCH_HOOKS if uses("hooks_none") else ():
             if getattr(type(self), hook) is getattr(Callback, hook):
                 setattr(self, hook, None)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..run.batch_gaps import BatchGaps
+from ..tracking.startup import uses
 from .base import PER_BATCH_HOOKS, Callback
 
 
@@ -26,7 +27,7 @@ class _Mark(Callback):
     def __init__(self, gaps: BatchGaps) -> None:
         self.gaps = gaps
         for hook in PER_BATCH_HOOKS:
-            if hook not in self.USED:
+            if hook not in self.USED and uses("hooks_none"):
                 setattr(self, hook, None)
 
 

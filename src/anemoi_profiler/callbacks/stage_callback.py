@@ -16,6 +16,7 @@ from typing import Any
 from ..reports.step_series import CHECKPOINT
 from ..run.intervals import Lap, RankTotals, StageMeter
 from ..run.loop_timer import LoopTimer
+from ..tracking.startup import uses
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
@@ -29,10 +30,20 @@ _DRIVING_HOOKS = (
 )
 
 
+def _forwarding(callback: Any, hook: str) -> Any:
+    """Without the clock's methods as hooks: what a hook method on the class that calls the clock would cost."""
+
+    def forward(*args: Any) -> None:
+        if getattr(callback, "drives", False) and not callback.disabled:
+            getattr(callback.clock, hook)(*args)
+
+    return forward
+
+
 class StageCallback(ProfilerCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         for hook in _DRIVING_HOOKS:  # a callback that drove an earlier run's clock: not this one's, yet
-            setattr(self, hook, None)
+            setattr(self, hook, None if uses("clock_hooks") else _forwarding(self, hook))
         super().setup(trainer, pl_module, stage)
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
@@ -49,7 +60,7 @@ class StageCallback(ProfilerCallback):
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
             clock.hook_failed = self._driving_hook_failed
-            for hook in _DRIVING_HOOKS:
+            for hook in _DRIVING_HOOKS if uses("clock_hooks") else ():
                 setattr(self, hook, getattr(clock, hook))
 
     def _driving_hook_failed(self, hook: str, error: Exception) -> None:

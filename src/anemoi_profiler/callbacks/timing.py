@@ -25,6 +25,7 @@ from ..run.rank_figures import (
     rank_waited_for,
     step_figures,
 )
+from ..tracking.startup import uses
 from .stage_callback import StageCallback
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -39,7 +40,7 @@ class ResidentMemory:
 
     def __init__(self) -> None:
         try:
-            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY) if uses("statm_handle") else None
         except OSError:
             self._statm = None
         self._process = psutil.Process()

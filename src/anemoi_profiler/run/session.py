@@ -20,6 +20,7 @@ from ..report import ReportSection, RunReport
 from ..reports.diagnosis import diagnosis_section
 from ..tracking import prestart_tracking
 from ..tracking.sink import TrackingSink
+from ..tracking.startup import uses
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
 from .distributed import RankExchange
@@ -62,7 +63,8 @@ class ProfilerSession:
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
-        if self.config.tracking.enabled:  # MLflow's client starts while the fit sets up (a logger may name another URI)
+        # MLflow's client starts while the fit sets up (a logger may name another URI)
+        if self.config.tracking.enabled and uses("prestart"):
             prestart_tracking(self.config.tracking.uri)
 
     def startup_work_until(self) -> float | None:

@@ -33,6 +33,7 @@ from ..redaction import redact_text
 from .mlflow_target import MlflowTarget
 from .records import Batch
 from .spool import read_run_info, replay_spool
+from .startup import uses
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class SenderProcess:
         except SenderError:
             self.stop()
             return
-        if self._replies is not None and _keep((self._process, self._replies)):
+        if uses("kept_sender") and self._replies is not None and _keep((self._process, self._replies)):
             self._process = self._replies = None
         else:
             self.stop()
@@ -226,7 +227,7 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
     priority from its first instruction: niced by itself, it spent its interpreter's start and its first imports
     (70-100 ms of CPU) at the training's priority, and beside a fit on every core that stalled one of the first
     batches by 34-80 ms in some fits."""
-    if not NICE_PER_THREAD:
+    if not NICE_PER_THREAD or not uses("niced_spawn"):
         return _spawn_here(store_module, idle_exit_s)
     # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after
     # concurrent.futures has stopped taking work.
@@ -309,7 +310,7 @@ def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) 
     `store_module` is the store's module to import with them, if it is known.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
-    if not NICE_PER_THREAD:  # on Linux it started niced (see `_spawn`)
+    if not NICE_PER_THREAD or not uses("niced_spawn"):  # on Linux it started niced (see `_spawn`)
         with contextlib.suppress(OSError):
             os.nice(NICENESS)
     _import_in_idle_time(store_module)
@@ -400,6 +401,9 @@ def _import_in_idle_time(store_module: str | None) -> None:
     idle time it waits for the training instead, at the latest for the run's end, and the sink's metrics
     wait for it in the spool.
     """
+    if not uses("idle_import"):
+        _import_mlflow(store_module)
+        return
     importer = threading.Thread(target=_import_idly, args=(store_module,), name="anemoi-profiler-mlflow-import")
     importer.start()
     importer.join()
@@ -417,16 +421,19 @@ def _import_mlflow(store_module: str | None) -> None:
     import's time, and again at every later collection. What MLflow imports only for datasets is left out
     (`LEFT_OUT_IMPORTS`), unless this MLflow cannot do without it. A missing MLflow is reported by the first
     request."""
-    gc.disable()
+    freeze = uses("gc_freeze")
+    if freeze:
+        gc.disable()
     try:
-        with _leaving_out():
+        with _leaving_out() if uses("leave_out_imports") else contextlib.nullcontext():
             _import_client(store_module)
     except ImportError:
         with contextlib.suppress(ImportError):
             _import_client(store_module)
     finally:
-        gc.freeze()
-        gc.enable()
+        if freeze:
+            gc.freeze()
+            gc.enable()
 
 
 def _import_client(store_module: str | None) -> None:
@@ -441,4 +448,5 @@ if __name__ == "__main__":
     # Every request was answered: skip the interpreter's teardown of MLflow's modules, which takes most of a
     # second that the training process's close would spend waiting for this process to end.
     sys.stderr.flush()
-    os._exit(0)
+    if uses("fast_exit"):
+        os._exit(0)

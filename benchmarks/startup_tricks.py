@@ -1,0 +1,255 @@
+"""What each of the profiler's start-up and hot-path tricks buys: every trick with and without it, in one run.
+
+    python benchmarks/startup_tricks.py --out benchmarks/results/cpu_startup_tricks_<date>.json
+        [--repetitions 6] [--steady-steps 1000] [--until 16:05]
+
+A trick is left out by naming it in `_ANEMOI_PROFILER_WITHOUT` (`anemoi_profiler.tracking.startup`), which only
+this harness sets; the MLflow sender, a child process, inherits it. Each repetition runs every setting below, the
+configurations of a setting in an order rotated per repetition; every figure is a difference or ratio to the bare
+fit of the same repetition, and a second bare fit (`bare (control)`) is the noise floor. Figures are medians over
+repetitions. All fits run on one torch thread; each profiled fit but the later run is the first of its process
+(the sender kept from the fit before is ended first).
+
+- `end`: `fit()` of the "1 ms" model, 160 steps (the short run whose end waits for the sender's start-up).
+- `callbacks_first`: the same with the callbacks built `SETUP_S` before the Trainer (what a prestart overlaps).
+- `later_run`: `fit()` of a second run in the same process (what a kept sender buys).
+- `early`: the median step over batches 40-160 of the "5 ms" model, as a ratio to bare.
+- `steady`: the mean step after 20 batches of the "50 ms" model (`--steady-steps`), as a ratio to bare, and
+  `fit()`; groups of tricks left out together (`startup`: the sender's, `hot_path`: the hooks').
+- `probe`: the training thread's cost of our hooks per batch, through Lightning's dispatcher (`measure.HookLoop`),
+  in µs and as a share of a 50 ms step.
+- `script`: a fresh interpreter that fits the "1 ms" model and exits, from start to exit.
+- `statm`: reading the resident memory, per call, and its share of a 50 ms step at one reading per 50 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from measure import HookLoop
+from models import SPECS, make_loader, make_model, make_trainer, quiet_lightning
+from short_run import SCRIPT, SETUP_S, BatchEnds, early_step_ms, profiled_callbacks, stand_in_setup
+
+from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking.startup import WITHOUT_VARIABLE
+
+SENDER_TRICKS = ("prestart", "kept_sender", "niced_spawn", "idle_import", "leave_out_imports", "gc_freeze", "fast_exit")
+HOT_PATH_TRICKS = ("hooks_none", "clock_hooks", "statm_handle")
+GROUPS = {"startup": SENDER_TRICKS, "hot_path": HOT_PATH_TRICKS}
+STEADY_MS = 50.0
+STEADY_WARMUP = 20
+LOG_EVERY_N_STEPS = 50
+"""The shipped interval: the resident memory is read once per interval."""
+
+
+def bare(name: str = "bare") -> tuple[str, tuple[str, ...] | None]:
+    return name, None
+
+
+def ours(*without: str) -> tuple[str, tuple[str, ...]]:
+    return (f"ours without {'+'.join(without)}" if without else "ours"), without
+
+
+SETTINGS: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {
+    "end": [bare(), bare("bare (control)"), ours(), *(ours(trick) for trick in SENDER_TRICKS)],
+    "callbacks_first": [ours(), ours("prestart")],
+    "later_run": [ours(), ours("kept_sender")],
+    "early": [bare(), bare("bare (control)"), ours(), *(ours(t) for t in SENDER_TRICKS + HOT_PATH_TRICKS)],
+    "steady": [bare(), bare("bare (control)"), ours(), *(ours(*tricks) for tricks in GROUPS.values())],
+    "probe": [ours(), ("ours (control)", ()), *(ours(trick) for trick in HOT_PATH_TRICKS)],
+    "script": [bare(), bare("bare (control)"), ours(), *(ours(t) for t in SENDER_TRICKS if t != "kept_sender")],
+}
+
+
+@contextlib.contextmanager
+def leaving_out(tricks: tuple[str, ...]) -> Iterator[None]:
+    before = os.environ.get(WITHOUT_VARIABLE)
+    os.environ[WITHOUT_VARIABLE] = ",".join(tricks)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[WITHOUT_VARIABLE]
+        else:
+            os.environ[WITHOUT_VARIABLE] = before
+
+
+def fit(spec_name: str, steps: int, work_dir: Path, store: str, tricks: tuple[str, ...] | None, **how: Any) -> dict:
+    """One fit, bare (`tricks` None) or profiled without `tricks`; `how`: callbacks_first, probe, later_run."""
+    spec = SPECS[spec_name]
+    sender.end_kept()  # the first run of a process (for a later run: the fit just before left its sender)
+    with leaving_out(tricks or ()):
+        if how.get("later_run"):
+            fit(spec_name, steps, work_dir, store, tricks)
+        callbacks: list[Any] = []
+        if tricks is not None and how.get("callbacks_first"):
+            callbacks = profiled_callbacks(work_dir, store)
+            stand_in_setup(SETUP_S)
+        model, loader = make_model(spec), make_loader(spec, steps)
+        if tricks is not None and not how.get("callbacks_first"):
+            callbacks = profiled_callbacks(work_dir, store)
+        clock = BatchEnds(sync_cuda=False)
+        probe = HookLoop(callbacks, after_batch=20, blocks=10, per_block=100, between=5) if how.get("probe") else None
+        trainer = make_trainer(spec, "cpu", steps, [*callbacks, clock, *([probe] if probe else [])])
+        with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
+            started = time.perf_counter()
+            trainer.fit(model, loader)
+            fit_s = time.perf_counter() - started
+    ends = clock.ends
+    row = {"fit_s": fit_s, "steps": len(ends)}
+    if len(ends) >= 160:
+        row["early_step_ms"] = early_step_ms(ends)
+    if len(ends) > STEADY_WARMUP:
+        row["steady_step_ms"] = (ends[-1] - ends[STEADY_WARMUP - 1]) / (len(ends) - STEADY_WARMUP) * 1000
+    if probe is not None:
+        row["probe"] = probe.summary()
+    return row
+
+
+def script(work_dir: Path, store: str, tricks: tuple[str, ...] | None) -> dict:
+    command = [sys.executable, str(SCRIPT), "--spec", "cpu", "--steps", "160", "--work-dir", str(work_dir)]
+    if tricks is not None:
+        command += ["--profiled", "--store", store]
+    env = {**os.environ, WITHOUT_VARIABLE: ",".join(tricks or ())}
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    wall_s = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(f"script exited {completed.returncode}: {completed.stderr[-2000:]}")
+    return {"wall_s": wall_s, "fit_s": json.loads(completed.stdout.strip().splitlines()[-1])["fit_s"]}
+
+
+def statm(calls: int = 2000) -> dict:
+    """Microseconds per resident-memory reading, the kept /proc handle and psutil alternately."""
+    from anemoi_profiler.callbacks.timing import ResidentMemory
+
+    readers = {"ours": ResidentMemory()}
+    with leaving_out(("statm_handle",)):
+        readers["ours without statm_handle"] = ResidentMemory()
+    row = {}
+    for name, reader in readers.items():
+        started = time.perf_counter()
+        for _ in range(calls):
+            reader.bytes()
+        row[name] = (time.perf_counter() - started) / calls * 1e6
+        reader.close()
+    return row
+
+
+def run_setting(setting: str, repetition: int, work_dir: Path, store: str, steady_steps: int) -> list[dict]:
+    configurations = SETTINGS[setting]
+    shift = repetition % len(configurations)
+    rows = []
+    for name, tricks in configurations[shift:] + configurations[:shift]:
+        if setting == "script":
+            row = script(work_dir, store, tricks)
+        elif setting == "steady":
+            row = fit("cpu-50ms", steady_steps, work_dir, store, tricks)
+        elif setting == "early":
+            row = fit("cpu-5ms", 160, work_dir, store, tricks)
+        elif setting == "probe":
+            row = fit("cpu", 70, work_dir, store, tricks, probe=True)
+        else:
+            row = fit("cpu", 160, work_dir, store, tricks, **{setting: True})
+        rows.append({"setting": setting, "repetition": repetition, "configuration": name, **row})
+        print(f"  {setting:16} {name:40} {json.dumps({k: v for k, v in row.items() if k != 'probe'})}", file=sys.stderr)
+    return rows
+
+
+def summarize(rows: list[dict], statm_rows: list[dict]) -> dict[str, Any]:
+    """Per setting and configuration: the median over repetitions of its difference (or ratio) to bare."""
+
+    def value(setting: str, name: str, repetition: int, key: str) -> float | None:
+        for row in rows:
+            if (row["setting"], row["configuration"], row["repetition"]) == (setting, name, repetition):
+                return row.get(key) if key != "probe" else row["probe"]["median_us"]
+        return None
+
+    figures: dict[str, Any] = {}
+    measures = {
+        "end": [("fit_s", "end", "diff")],
+        "callbacks_first": [("fit_s", "end", "diff")],
+        "later_run": [("fit_s", "end", "diff")],
+        "early": [("early_step_ms", "early", "ratio")],
+        "steady": [("steady_step_ms", "steady", "ratio"), ("fit_s", "steady", "diff")],
+        "probe": [("probe", None, "raw")],
+        "script": [("wall_s", "script", "diff"), ("fit_s", "script", "diff")],
+    }
+    repetitions = sorted({row["repetition"] for row in rows})
+    for setting, configurations in SETTINGS.items():
+        for key, bare_setting, kind in measures[setting]:
+            table = figures.setdefault(f"{setting}:{key}", {})
+            for name, _ in configurations:
+                values = []
+                for repetition in repetitions:
+                    mine = value(setting, name, repetition, key)
+                    base = value(bare_setting, "bare", repetition, key) if bare_setting else None
+                    if mine is None or (kind != "raw" and base is None):
+                        continue
+                    if kind == "diff":
+                        values.append(mine - base)
+                    else:
+                        values.append((mine / base - 1) * 100 if kind == "ratio" else mine)
+                if values:
+                    table[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    if statm_rows:
+        figures["statm:us_per_call"] = {
+            name: statistics.median(row[name] for row in statm_rows) for name in statm_rows[0]
+        }
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/startup_tricks"))
+    parser.add_argument("--repetitions", type=int, default=6)
+    parser.add_argument("--steady-steps", type=int, default=1000)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--until", help="UTC HH:MM: start no repetition after it")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    quiet_lightning()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    store = f"sqlite:///{args.work_dir / 'mlflow.db'}"
+    fit("cpu", 160, args.work_dir, store, ())  # warm store: the schema is created once
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "steady_steps": args.steady_steps,
+        "specs": {name: SPECS[name].describe() for name in ("cpu", "cpu-5ms", "cpu-50ms")},
+    }
+    rows: list[dict] = []
+    statm_rows: list[dict] = []
+    for repetition in range(args.repetitions):
+        if args.until and datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M") >= args.until:
+            break
+        print(f"repetition {repetition + 1}", file=sys.stderr)
+        for setting in args.settings.split(","):
+            rows += run_setting(setting, repetition, args.work_dir, store, args.steady_steps)
+        statm_rows.append(statm())
+        meta["repetitions"] = repetition + 1
+        results = {"meta": meta, "figures": summarize(rows, statm_rows), "rows": rows, "statm": statm_rows}
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    sender.end_kept()
+
+
+if __name__ == "__main__":
+    main()
