@@ -20,6 +20,8 @@ repetitions. All fits run on one torch thread; each profiled fit but the later r
   in a fit of the "50 ms" model): the best block's µs, and that as a share of the bare step timed just before.
 - `script`: a fresh interpreter that fits the "1 ms" model and exits, from start to exit.
 - `statm`: reading the resident memory, per call, and its share of a 50 ms step at one reading per 50 steps.
+- `sender_start`: a fresh sender's start-up alone (what a short first run's end waits for), in a process of its
+  own: its CPU time, which the machine's load hardly moves, and its wall time.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,7 +74,19 @@ SETTINGS: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {
     "steady": [bare(), bare("bare (control)"), ours(), *(ours(*tricks) for tricks in GROUPS.values())],
     "probe": [ours(), ("ours (control)", ()), *(ours(trick) for trick in HOT_PATH_TRICKS)],
     "script": [bare(), bare("bare (control)"), ours(), *(ours(t) for t in SENDER_TRICKS if t != "kept_sender")],
+    "sender_start": [
+        ours(),
+        ("ours (control)", ()),
+        *(ours(t) for t in ("idle_import", "leave_out_imports", "gc_freeze", "fast_exit")),
+    ],
 }
+SENDER_START = (
+    "from anemoi_profiler.tracking import sender, startup\n"
+    "startup.lower_own_priority()\n"
+    "startup.import_in_idle_time(lambda: sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store'))\n"
+    "startup.exit_without_teardown()\n"
+)
+"""What a sender does before it reads its first request, then its exit."""
 
 
 @contextlib.contextmanager
@@ -134,6 +149,17 @@ def script(work_dir: Path, store: str, tricks: tuple[str, ...] | None) -> dict:
     return {"wall_s": wall_s, "fit_s": json.loads(completed.stdout.strip().splitlines()[-1])["fit_s"]}
 
 
+def sender_start(tricks: tuple[str, ...]) -> dict:
+    env = {**os.environ, WITHOUT_VARIABLE: ",".join(tricks)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", SENDER_START], check=True, timeout=600, env=env)
+    wall_s = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"cpu_s": cpu_s, "wall_s": wall_s}
+
+
 def statm(calls: int = 2000) -> dict:
     """Microseconds per resident-memory reading, the kept /proc handle and psutil alternately."""
     from anemoi_profiler.callbacks.timing import ResidentMemory
@@ -158,6 +184,8 @@ def run_setting(setting: str, repetition: int, work_dir: Path, store: str, stead
     for name, tricks in configurations[shift:] + configurations[:shift]:
         if setting == "script":
             row = script(work_dir, store, tricks)
+        elif setting == "sender_start":
+            row = sender_start(tricks or ())
         elif setting == "steady":
             row = fit("cpu-50ms", steady_steps, work_dir, store, tricks)
         elif setting == "early":
@@ -189,6 +217,7 @@ def summarize(rows: list[dict], statm_rows: list[dict]) -> dict[str, Any]:
         "steady": [("steady_step_ms", "steady", "ratio"), ("fit_s", "steady", "diff")],
         "probe": [("probe_best_us", None, "raw"), ("probe_share_pct", None, "raw")],
         "script": [("wall_s", "script", "diff"), ("fit_s", "script", "diff")],
+        "sender_start": [("cpu_s", None, "raw"), ("wall_s", None, "raw")],
     }
     repetitions = sorted({row["repetition"] for row in rows})
     for setting, configurations in SETTINGS.items():
@@ -214,20 +243,36 @@ def summarize(rows: list[dict], statm_rows: list[dict]) -> dict[str, Any]:
     return figures
 
 
+def print_table(results: dict[str, Any]) -> None:
+    """Each setting's figures (median [min, max] over repetitions), bare (control) and ours first."""
+    for figure, configurations in results["figures"].items():
+        print(f"{figure}")
+        for name, value in configurations.items():
+            if isinstance(value, dict):
+                print(f"  {name:44} {value['median']:+9.3f} [{value['min']:+.3f}, {value['max']:+.3f}]")
+            else:
+                print(f"  {name:44} {value:9.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table", action="store_true", help="print the figures of the results file --out")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/startup_tricks"))
     parser.add_argument("--repetitions", type=int, default=6)
     parser.add_argument("--steady-steps", type=int, default=1000)
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--settings", default=",".join([*SETTINGS, "statm"]))
     parser.add_argument("--until", help="UTC HH:MM: start no repetition after it")
     args = parser.parse_args()
+    if args.table:
+        print_table(json.loads(args.out.read_text()))
+        return
     torch.set_num_threads(1)
     quiet_lightning()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{args.work_dir / 'mlflow.db'}"
-    fit("cpu", 160, args.work_dir, store, ())  # warm store: the schema is created once
+    if set(args.settings.split(",")) - {"sender_start", "statm"}:
+        fit("cpu", 160, args.work_dir, store, ())  # warm store: the schema is created once
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
         "commit": commit,
@@ -244,9 +289,10 @@ def main() -> None:
         if args.until and datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M") >= args.until:
             break
         print(f"repetition {repetition + 1}", file=sys.stderr)
-        for setting in args.settings.split(","):
+        for setting in [name for name in args.settings.split(",") if name in SETTINGS]:
             rows += run_setting(setting, repetition, args.work_dir, store, args.steady_steps)
-        statm_rows.append(statm())
+        if "statm" in args.settings:
+            statm_rows.append(statm())
         meta["repetitions"] = repetition + 1
         results = {"meta": meta, "figures": summarize(rows, statm_rows), "rows": rows, "statm": statm_rows}
         args.out.write_text(json.dumps(results, indent=1) + "\n")

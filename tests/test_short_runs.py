@@ -25,8 +25,8 @@ import anemoi_profiler
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
 from anemoi_profiler.run.folder import STARTUP_WAIT_WORTH_SAYING_S
-from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender
-from anemoi_profiler.tracking.sender import NICENESS
+from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender, startup
+from anemoi_profiler.tracking.startup import NICE_PER_THREAD, NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -43,7 +43,7 @@ def report_data(callbacks: list[Any], section: str) -> dict[str, Any]:
 
 def ignores_sigint(pid: int) -> bool:
     """On Linux from the child's signal mask; elsewhere from its priority, which it lowers right after."""
-    if not sender.NICE_PER_THREAD:
+    if not NICE_PER_THREAD:
         return psutil.Process(pid).nice() != os.nice(0)
     ignored = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
     return bool(ignored & (1 << (signal.SIGINT - 1)))
@@ -63,14 +63,14 @@ class BatchEndSpy(pl.Callback):
 def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_takes_it(tmp_path: Path) -> None:
     training_nice = os.nice(0)
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    prestarted = sender._waiting
+    prestarted = startup.waiting()
     assert prestarted is not None, "building the callbacks starts the sender"
     # On Linux at the lower priority from its first instruction (its interpreter's start beside a fit that used
     # every core stalled batches), while the training's own thread keeps its priority; elsewhere it lowers its
     # own first thing.
     process = psutil.Process(prestarted[0].pid)
     deadline = time.monotonic() + 10
-    while not sender.NICE_PER_THREAD and process.nice() == training_nice and time.monotonic() < deadline:
+    while not NICE_PER_THREAD and process.nice() == training_nice and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.nice() == training_nice + NICENESS
     assert os.nice(0) == training_nice
@@ -81,7 +81,7 @@ def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_t
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
-    kept = sender._waiting
+    kept = startup.waiting()
     assert kept is not None and kept[0] is prestarted[0] and kept[0].poll() is None  # kept for the next run
 
 
@@ -101,20 +101,20 @@ def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path, capsy
         "made before the model and its data, give it that time"
     )
     assert said == ([line] if waited >= STARTUP_WAIT_WORTH_SAYING_S else [])
-    kept = sender._waiting
+    kept = startup.waiting()
     assert kept is not None and kept[0].poll() is None
     # The next run (another store) starts with nothing to import.
     second = profiled(tmp_path / "b", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    assert sender._waiting is kept  # building the callbacks started no other sender
+    assert startup.waiting() is kept  # building the callbacks started no other sender
     trainer(second, max_steps=4).fit(TinyRegressor(), train)
     session = second[0].session
-    again = sender._waiting
+    again = startup.waiting()
     assert again is not None and again[0] is kept[0]  # it served the run and is kept again
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert session.sink.end_waited_for_startup_s < waited  # MLflow was imported: only the new store to reach
     sender.end_kept()
-    assert kept[0].poll() == 0 and sender._waiting is None
+    assert kept[0].poll() == 0 and startup.waiting() is None
 
 
 def test_a_kept_sender_serves_with_the_mlflow_settings_of_its_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,9 +140,9 @@ def test_a_sender_started_first_thing_in_a_script_imports_nothing_there_and_ends
         "import json, sys\n"
         "import anemoi_profiler\n"
         f"anemoi_profiler.prestart_tracking('sqlite:///{tmp_path}/mlflow.db')\n"
-        "from anemoi_profiler.tracking import sender\n"
+        "from anemoi_profiler.tracking import startup\n"
         "heavy = [name for name in ('torch', 'lightning', 'mlflow', 'omegaconf') if name in sys.modules]\n"
-        "print(json.dumps({'pid': sender._waiting[0].pid, 'heavy': heavy}), flush=True)\n"
+        "print(json.dumps({'pid': startup.waiting()[0].pid, 'heavy': heavy}), flush=True)\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
@@ -158,16 +158,16 @@ def test_a_sender_started_first_thing_in_a_script_imports_nothing_there_and_ends
 def test_the_first_run_takes_the_sender_the_script_started(tmp_path: Path) -> None:
     sender.end_kept()
     anemoi_profiler.prestart_tracking(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    started = sender._waiting
+    started = startup.waiting()
     assert started is not None and started[0].poll() is None
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    assert sender._waiting is started  # building the callbacks started no other sender
+    assert startup.waiting() is started  # building the callbacks started no other sender
     train, _ = loaders(n_train=64)
     trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
-    kept = sender._waiting
+    kept = startup.waiting()
     assert kept is not None and kept[0] is started[0]  # it served the run, and is kept for the next
 
 
@@ -190,7 +190,7 @@ def test_only_each_nodes_first_process_starts_a_sender(
         monkeypatch.setenv(name, value)
     sender.end_kept()
     anemoi_profiler.prestart_tracking("http://127.0.0.1:1")
-    assert (sender._waiting is not None) == starts
+    assert (startup.waiting() is not None) == starts
     sender.end_kept()
 
 
@@ -199,7 +199,7 @@ def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_pat
     # idle-time import do not reach.
     sender.end_kept()
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false")
-    process = sender._waiting[0]
+    process = startup.waiting()[0]
     assert os.getsid(process.pid) == os.getsid(0)
     if sys.version_info >= (3, 11):
         assert os.getpgid(process.pid) == process.pid  # the terminal's Ctrl-C goes to the training's group
@@ -224,7 +224,8 @@ def test_the_sender_imports_mlflow_in_idle_time_and_serves_at_its_own_priority(t
         "    def find_spec(self, name, path, target=None):\n"
         "        policies.add(os.sched_getscheduler(0))\n"
         "sys.meta_path.insert(0, Spy())\n"
-        "sender._import_in_idle_time('mlflow.store.tracking.sqlalchemy_store')\n"
+        "from anemoi_profiler.tracking import startup\n"
+        "startup.import_in_idle_time(lambda: sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store'))\n"
         "print(json.dumps({'importing': sorted(policies), 'serving': os.sched_getscheduler(0),\n"
         "                  'imported': 'mlflow.store.tracking.sqlalchemy_store' in sys.modules}))\n"
     )

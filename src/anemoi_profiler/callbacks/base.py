@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from ..config import ConfigSource, ProfilerConfig
 from ..report import ReportSection
 from ..run.session import ProfilerSession
-from ..tracking.startup import uses
+from ..tracking.startup import skip_unused_hooks
 
 try:  # both namespaces call hooks by name, so one base class serves both trainers
     from lightning.pytorch.callbacks import Callback
@@ -24,8 +24,7 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Lightning calls every hook of every callback (a few microseconds each on a slow CPU), unless the hook is not
-# callable. These run every step; a callback that does not override one takes it off its instance.
+# The hooks Lightning calls every batch: a callback that does not override one takes it off its instance.
 PER_BATCH_HOOKS = (
     "on_train_batch_start",
     "on_before_backward",
@@ -85,9 +84,7 @@ class ProfilerCallback(Callback):
         self.config = self.session.config
         self._may_share = session is None
         self.disabled = False
-        for hook in PER_BATCH_HOOKS if uses("hooks_none") else ():
-            if getattr(type(self), hook) is getattr(Callback, hook):
-                setattr(self, hook, None)
+        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._may_share:

@@ -15,20 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..run.batch_gaps import BatchGaps
-from ..tracking.startup import uses
+from ..tracking.startup import skip_unused_hooks
 from .base import PER_BATCH_HOOKS, Callback
 
 
 class _Mark(Callback):
-    """A mark does nothing but note the time; Lightning skips the hooks it does not use (set to None)."""
-
-    USED: tuple[str, ...] = ()
+    """A mark does nothing but note the time; Lightning skips the hooks it does not use."""
 
     def __init__(self, gaps: BatchGaps) -> None:
         self.gaps = gaps
-        for hook in PER_BATCH_HOOKS:
-            if hook not in self.USED and uses("hooks_none"):
-                setattr(self, hook, None)
+        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)
 
 
 class FirstCallbackMark(_Mark):

@@ -1,11 +1,10 @@
 """The base of callbacks that turn the session's training and validation intervals into metrics.
 
-Every such callback of a session listens to one `StageClock`. The first to start drives it: its batch hooks
-are the clock's own methods, put on its instance, so that Lightning calls the clock with nothing in between.
-The others have no batch hooks, so Lightning does not even call them, and only receive laps (see
-`stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the driving
-(logged once); one in the driving callback's other hooks disables that callback's own metrics but leaves the
-clock running for the others, and in step with the other ranks' exchanges.
+Every such callback of a session listens to one `StageClock`. The first to start drives it from its batch
+hooks (the clock's own methods: `tracking.startup.drive_hooks`); the others have none, and only receive laps
+(see `stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the
+driving (logged once); one in the driving callback's other hooks disables that callback's own metrics but
+leaves the clock running for the others, and in step with the other ranks' exchanges.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 from ..reports.step_series import CHECKPOINT
 from ..run.intervals import Lap, RankTotals, StageMeter
 from ..run.loop_timer import LoopTimer
-from ..tracking.startup import uses
+from ..tracking import startup
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
@@ -30,20 +29,9 @@ _DRIVING_HOOKS = (
 )
 
 
-def _forwarding(callback: Any, hook: str) -> Any:
-    """Without the clock's methods as hooks: what a hook method on the class that calls the clock would cost."""
-
-    def forward(*args: Any) -> None:
-        if getattr(callback, "drives", False) and not callback.disabled:
-            getattr(callback.clock, hook)(*args)
-
-    return forward
-
-
 class StageCallback(ProfilerCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        for hook in _DRIVING_HOOKS:  # a callback that drove an earlier run's clock: not this one's, yet
-            setattr(self, hook, None if uses("clock_hooks") else _forwarding(self, hook))
+        startup.undriven_hooks(self, _DRIVING_HOOKS)  # a callback that drove an earlier run's clock: not this one's
         super().setup(trainer, pl_module, stage)
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
@@ -60,8 +48,7 @@ class StageCallback(ProfilerCallback):
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
             clock.hook_failed = self._driving_hook_failed
-            for hook in _DRIVING_HOOKS if uses("clock_hooks") else ():
-                setattr(self, hook, getattr(clock, hook))
+            startup.drive_hooks(self, clock, _DRIVING_HOOKS)
 
     def _driving_hook_failed(self, hook: str, error: Exception) -> None:
         for name in _DRIVING_HOOKS:

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from ..build import build_callbacks
 from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
 from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
+from ..tracking.startup import skip_unused_hooks
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ class AnemoiProfiler(Callback):
         tree = OmegaConf.merge(OmegaConf.load(preset_path(preset)), OmegaConf.create(dict(config or {})))
         self.config = ProfilerConfig.load(OmegaConf.to_container(tree, resolve=True), list(overrides))
         self.members: list[ProfilerCallback] = []
-        for hook in PER_BATCH_HOOKS:  # it measures nothing itself: Lightning need not call it every batch
-            setattr(self, hook, None)
+        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)  # it measures nothing itself
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.members:

@@ -18,9 +18,8 @@ from ..config import ProfilerConfig
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import diagnosis_section
-from ..tracking import prestart_tracking
+from ..tracking import prestart_tracking, startup
 from ..tracking.sink import TrackingSink
-from ..tracking.startup import uses
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
 from .distributed import RankExchange
@@ -64,7 +63,7 @@ class ProfilerSession:
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         # MLflow's client starts while the fit sets up (a logger may name another URI)
-        if self.config.tracking.enabled and uses("prestart"):
+        if self.config.tracking.enabled and startup.uses("prestart"):
             prestart_tracking(self.config.tracking.uri)
 
     def startup_work_until(self) -> float | None:

@@ -15,9 +15,7 @@ package imports neither torch nor Lightning.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
-import importlib.abc
 import json
 import logging
 import os
@@ -25,28 +23,19 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from ..redaction import redact_text
+from . import startup
 from .mlflow_target import MlflowTarget
 from .records import Batch
 from .spool import read_run_info, replay_spool
-from .startup import uses
 
 log = logging.getLogger(__name__)
 
-NICENESS = 10
-"""How much lower than the training's the sender's CPU priority is (see `_spawn` and `serve`)."""
-NICE_PER_THREAD = sys.platform.startswith("linux")
-"""Linux keeps a nice level per thread, and a child starts with its spawning thread's (see `_spawn`)."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
-LEFT_OUT_IMPORTS = frozenset({"pandas", "numpy"})
-"""What MLflow imports only when it is installed (mlflow-skinny goes without them), for the datasets and model
-signatures the sender never logs. Left out of the sender's start-up, MLflow is ready sooner (pandas: 0.2 s of
-1.2; numpy: 0.15 s of 1.8 on a slower day) and holds 60 MB less."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
 """MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
 
@@ -93,7 +82,7 @@ class SenderProcess:
         except SenderError:
             self.stop()
             return
-        if uses("kept_sender") and self._replies is not None and _keep((self._process, self._replies)):
+        if self._replies is not None and startup.keep_for_next_run((self._process, self._replies)):
             self._process = self._replies = None
         else:
             self.stop()
@@ -133,7 +122,7 @@ class SenderProcess:
         if self._process is not None and self._replies is not None and self._process.poll() is None:
             return self._process, self._replies
         self.stop()
-        process, replies = _take_waiting() or _spawn(store_module_for(self.tracking_uri))
+        process, replies = startup.take_waiting() or _spawn(store_module_for(self.tracking_uri))
         assert process.stdin is not None
         # The URI and MLflow's settings may hold credentials: they go through the pipe, never on the command
         # line; a sender started earlier gets the settings of now.
@@ -142,11 +131,6 @@ class SenderProcess:
         process.stdin.flush()
         self._process, self._replies = process, replies
         return process, self._replies
-
-
-_waiting: tuple[subprocess.Popen[str], IO[str]] | None = None
-"""The sender waiting for this process's next run: prestarted, or kept after a run."""
-_waiting_lock = threading.Lock()
 
 
 def prestart(likely_uri: str) -> None:
@@ -158,29 +142,10 @@ def prestart(likely_uri: str) -> None:
     too. A sender nobody takes ends when this process does (its stdin closes), or after `IDLE_EXIT_S`. A sender
     kept from the process's last run serves instead: nothing starts then.
     """
-    global _waiting
-    with _waiting_lock:
-        if _waiting_alive():
-            return
-        try:
-            _waiting = _spawn(store_module_for(likely_uri))
-        except Exception as error:  # e.g. no more processes: the sink starts its own sender when it needs one
-            log.debug("anemoi-profiler: could not start the MLflow sender early (%s)", error)
-            _waiting = None
-
-
-def _keep(sender: tuple[subprocess.Popen[str], IO[str]]) -> bool:
-    """Keep a released sender for the next run, unless one is waiting already."""
-    global _waiting
-    with _waiting_lock:
-        if _waiting_alive():
-            return False
-        _waiting = sender
-    return True
-
-
-def _waiting_alive() -> bool:
-    return _waiting is not None and _waiting[0].poll() is None
+    try:
+        startup.prestart(lambda: _spawn(store_module_for(likely_uri)))
+    except Exception as error:  # e.g. no more processes: the sink starts its own sender when it needs one
+        log.debug("anemoi-profiler: could not start the MLflow sender early (%s)", error)
 
 
 def _mlflow_env() -> dict[str, str]:
@@ -190,7 +155,7 @@ def _mlflow_env() -> dict[str, str]:
 def end_kept() -> None:
     """End the sender kept for this process's next run, now rather than when the process ends or after
     `IDLE_EXIT_S`: frees its memory (MLflow imported, about 200 MB), or makes the next run start cold."""
-    taken = _take_waiting()
+    taken = startup.take_waiting()
     if taken is not None:
         _end(*taken, grace_s=5.0)
 
@@ -209,13 +174,6 @@ def _end(process: subprocess.Popen[str], replies: IO[str] | None, grace_s: float
             replies.close()
 
 
-def _take_waiting() -> tuple[subprocess.Popen[str], IO[str]] | None:
-    global _waiting
-    with _waiting_lock:
-        taken, _waiting = _waiting, None
-    return taken if taken is not None and taken[0].poll() is None else None
-
-
 def store_module_for(tracking_uri: str) -> str | None:
     """MLflow's module for the store behind `tracking_uri`, when it is a database (sqlite, PostgreSQL, ...)."""
     scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
@@ -223,31 +181,8 @@ def store_module_for(tracking_uri: str) -> str | None:
 
 
 def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) -> tuple[subprocess.Popen[str], IO[str]]:
-    """Start a sender; on Linux from a thread of its own at the sender's priority, so that the child runs at that
-    priority from its first instruction: niced by itself, it spent its interpreter's start and its first imports
-    (70-100 ms of CPU) at the training's priority, and beside a fit on every core that stalled one of the first
-    batches by 34-80 ms in some fits."""
-    if not NICE_PER_THREAD or not uses("niced_spawn"):
-        return _spawn_here(store_module, idle_exit_s)
-    # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after
-    # concurrent.futures has stopped taking work.
-    spawned: list[tuple[subprocess.Popen[str], IO[str]]] = []
-    failed: list[BaseException] = []
-
-    def spawn_niced() -> None:
-        try:
-            with contextlib.suppress(OSError):
-                os.nice(NICENESS)  # this thread's alone
-            spawned.append(_spawn_here(store_module, idle_exit_s))
-        except BaseException as error:
-            failed.append(error)
-
-    spawner = threading.Thread(target=spawn_niced, name="anemoi-profiler-sender-spawn")
-    spawner.start()
-    spawner.join()
-    if failed:
-        raise failed[0]
-    return spawned[0]
+    """Start a sender, at the sender's priority from its first instruction where it can (see `startup`)."""
+    return startup.spawned_niced(lambda: _spawn_here(store_module, idle_exit_s))
 
 
 def _spawn_here(store_module: str | None, idle_exit_s: float) -> tuple[subprocess.Popen[str], IO[str]]:
@@ -306,14 +241,12 @@ def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) 
 
     It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
     the very start of a run, which should go to the training's first steps when cores are short. It
-    imports them before it reads its setup (see `prestart`), in idle time only (see `_import_in_idle_time`);
-    `store_module` is the store's module to import with them, if it is known.
+    imports them before it reads its setup (see `prestart`), as `startup` says; `store_module` is the store's
+    module to import with them, if it is known.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
-    if not NICE_PER_THREAD or not uses("niced_spawn"):  # on Linux it started niced (see `_spawn`)
-        with contextlib.suppress(OSError):
-            os.nice(NICENESS)
-    _import_in_idle_time(store_module)
+    startup.lower_own_priority()
+    startup.import_in_idle_time(lambda: _import_mlflow(store_module))
     replies = os.fdopen(replies_fd, "w")
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
@@ -373,67 +306,16 @@ def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> b
     return False
 
 
-class _LeaveOut(importlib.abc.MetaPathFinder):
-    """Makes the `LEFT_OUT_IMPORTS` look absent to MLflow's own guarded imports."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-        if fullname.partition(".")[0] in LEFT_OUT_IMPORTS:
-            raise ModuleNotFoundError(f"the MLflow sender leaves {fullname} out", name=fullname)
-
-
-@contextlib.contextmanager
-def _leaving_out() -> Iterator[None]:
-    finder = _LeaveOut()
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-
-
-def _import_in_idle_time(store_module: str | None) -> None:
-    """Import MLflow in a thread that runs only when a core would otherwise be idle (Linux's SCHED_IDLE,
-    for that thread alone: requests are then served at the process's own priority).
-
-    Where the training leaves a core free, that is at once, as fast as without it. Where it uses every core
-    (torch's default threads on a CPU fit), a nice level is not enough: the import took a share of them and
-    slowed the first steps by a quarter, or, from a scheduling group of its own, stalled whole batches. In
-    idle time it waits for the training instead, at the latest for the run's end, and the sink's metrics
-    wait for it in the spool.
-    """
-    if not uses("idle_import"):
-        _import_mlflow(store_module)
-        return
-    importer = threading.Thread(target=_import_idly, args=(store_module,), name="anemoi-profiler-mlflow-import")
-    importer.start()
-    importer.join()
-
-
-def _import_idly(store_module: str | None) -> None:
-    with contextlib.suppress(AttributeError, OSError):  # not on Linux: at the process's own priority
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    _import_mlflow(store_module)
-
-
 def _import_mlflow(store_module: str | None) -> None:
-    """Import MLflow's client (and the store's module) with the garbage collector off, then freeze what they
-    made: the collector would scan the hundreds of thousands of new objects again and again, a tenth of the
-    import's time, and again at every later collection. What MLflow imports only for datasets is left out
-    (`LEFT_OUT_IMPORTS`), unless this MLflow cannot do without it. A missing MLflow is reported by the first
-    request."""
-    freeze = uses("gc_freeze")
-    if freeze:
-        gc.disable()
-    try:
-        with _leaving_out() if uses("leave_out_imports") else contextlib.nullcontext():
-            _import_client(store_module)
-    except ImportError:
-        with contextlib.suppress(ImportError):
-            _import_client(store_module)
-    finally:
-        if freeze:
-            gc.freeze()
-            gc.enable()
+    """Import MLflow's client (and the store's module) as leanly as `startup` allows; what it leaves out comes
+    back when this MLflow cannot do without it. A missing MLflow is reported by the first request."""
+    with startup.collector_paused_and_frozen():
+        try:
+            with startup.leaving_out_datasets():
+                _import_client(store_module)
+        except ImportError:
+            with contextlib.suppress(ImportError):
+                _import_client(store_module)
 
 
 def _import_client(store_module: str | None) -> None:
@@ -445,8 +327,4 @@ def _import_client(store_module: str | None) -> None:
 
 if __name__ == "__main__":
     serve(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
-    # Every request was answered: skip the interpreter's teardown of MLflow's modules, which takes most of a
-    # second that the training process's close would spend waiting for this process to end.
-    sys.stderr.flush()
-    if uses("fast_exit"):
-        os._exit(0)
+    startup.exit_without_teardown()

@@ -1,12 +1,217 @@
-"""Switches the benchmark harness uses to measure the profiler's start-up and hot-path tricks one by one."""
+"""The start-up and hot-path tricks that earn their place: each buys a figure a user would notice.
+
+Each one's comment says what it buys and where that figure comes from: `python benchmarks/startup_tricks.py`
+(docs/benchmarks.md, "Start-up tricks"), which measures every trick with and without it in one run; it leaves
+a trick out by naming it in `_ANEMOI_PROFILER_WITHOUT`, a variable only that harness sets. Tricks that bought
+less than 0.2 s of `fit()` or 0.2 % of a step were removed. Torch-free: the MLflow sender process imports it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import importlib.abc
 import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
 
 WITHOUT_VARIABLE = "_ANEMOI_PROFILER_WITHOUT"
 """Comma-separated tricks to leave out; set only by benchmarks/startup_tricks.py."""
+T = TypeVar("T")
+Sender = tuple[subprocess.Popen[str], IO[str]]
 
 
 def uses(trick: str) -> bool:
     return trick not in os.environ.get(WITHOUT_VARIABLE, "").split(",")
+
+
+# ---- the MLflow sender waiting for this process's next run ----
+# prestart: the sender starts when the callbacks are made, and imports MLflow while the script builds its model
+# and data. kept_sender: a run that ends well keeps its sender, MLflow imported, for the process's next run
+# (a `trainer.test()` after the fit, the next fit of a notebook).
+_waiting: Sender | None = None
+_waiting_lock = threading.Lock()
+
+
+def waiting() -> Sender | None:
+    """The sender waiting for this process's next run, if any."""
+    return _waiting
+
+
+def prestart(spawn: Callable[[], Sender]) -> None:
+    """Start a sender for the next run with `spawn`, unless one is waiting already."""
+    global _waiting
+    with _waiting_lock:
+        if not _alive(_waiting):
+            _waiting = spawn()
+
+
+def keep_for_next_run(sender: Sender) -> bool:
+    """Keep a released sender for the next run, unless one is waiting already (or the trick is left out)."""
+    global _waiting
+    with _waiting_lock:
+        if _alive(_waiting) or not uses("kept_sender"):
+            return False
+        _waiting = sender
+    return True
+
+
+def take_waiting() -> Sender | None:
+    global _waiting
+    with _waiting_lock:
+        taken, _waiting = _waiting, None
+    return taken if _alive(taken) else None
+
+
+def _alive(sender: Sender | None) -> bool:
+    return sender is not None and sender[0].poll() is None
+
+
+# ---- the sender process's own start-up ----
+NICENESS = 10
+"""How much lower than the training's the sender's CPU priority is."""
+NICE_PER_THREAD = sys.platform.startswith("linux")
+"""Linux keeps a nice level per thread, and a child starts with its spawning thread's."""
+
+
+def spawned_niced(spawn: Callable[[], T]) -> T:
+    """Run `spawn` in a thread of its own at the sender's priority, so that the child starts at that priority.
+
+    niced_spawn: on Linux the child runs niced from its first instruction; niced by itself, it spent its
+    interpreter's start and first imports at the training's priority."""
+    if not NICE_PER_THREAD or not uses("niced_spawn"):
+        return spawn()
+    # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after
+    # concurrent.futures has stopped taking work.
+    spawned: list[T] = []
+    failed: list[BaseException] = []
+
+    def spawn_niced() -> None:
+        try:
+            with contextlib.suppress(OSError):
+                os.nice(NICENESS)  # this thread's alone
+            spawned.append(spawn())
+        except BaseException as error:
+            failed.append(error)
+
+    spawner = threading.Thread(target=spawn_niced, name="anemoi-profiler-sender-spawn")
+    spawner.start()
+    spawner.join()
+    if failed:
+        raise failed[0]
+    return spawned[0]
+
+
+def lower_own_priority() -> None:
+    """In the sender: take the sender's priority, unless it started with it (see `spawned_niced`)."""
+    if not NICE_PER_THREAD or not uses("niced_spawn"):
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS)
+
+
+def import_in_idle_time(do_import: Callable[[], None]) -> None:
+    """Run `do_import` in a thread that runs only when a core would otherwise be idle (Linux's SCHED_IDLE, for
+    that thread alone: requests are then served at the process's own priority).
+
+    idle_import: where the training uses every core (torch's default threads on a CPU fit), a nice level is not
+    enough: the import took a share of them and slowed the first steps. In idle time it waits for the training
+    instead, and the sink's metrics wait for it in the spool."""
+    if not uses("idle_import"):
+        do_import()
+        return
+
+    def idly() -> None:
+        with contextlib.suppress(AttributeError, OSError):  # not on Linux: at the process's own priority
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        do_import()
+
+    importer = threading.Thread(target=idly, name="anemoi-profiler-mlflow-import")
+    importer.start()
+    importer.join()
+
+
+LEFT_OUT_IMPORTS = frozenset({"pandas", "numpy"})
+"""What MLflow imports only when it is installed (mlflow-skinny goes without them), for the datasets and model
+signatures the sender never logs."""
+
+
+class _LeaveOut(importlib.abc.MetaPathFinder):
+    """Makes the `LEFT_OUT_IMPORTS` look absent to MLflow's own guarded imports."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in LEFT_OUT_IMPORTS:
+            raise ModuleNotFoundError(f"the MLflow sender leaves {fullname} out", name=fullname)
+
+
+@contextlib.contextmanager
+def leaving_out_datasets() -> Iterator[None]:
+    """leave_out_imports: MLflow's client is ready sooner and holds less memory without pandas and numpy."""
+    if not uses("leave_out_imports"):
+        yield
+        return
+    finder = _LeaveOut()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+@contextlib.contextmanager
+def collector_paused_and_frozen() -> Iterator[None]:
+    """gc_freeze: the collector would scan the hundreds of thousands of objects MLflow's import makes again and
+    again, and again at every later collection; frozen after the import, it never does."""
+    if not uses("gc_freeze"):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def exit_without_teardown() -> None:
+    """fast_exit: every request was answered; skip the interpreter's teardown of MLflow's modules, which the
+    training process's close would wait for."""
+    if uses("fast_exit"):
+        sys.stderr.flush()
+        os._exit(0)
+
+
+# ---- the training's hot path ----
+def skip_unused_hooks(callback: Any, base: type, hooks: tuple[str, ...]) -> None:
+    """hooks_none: Lightning calls every callable hook of every callback every batch (inside its profiler's
+    context, a few microseconds each); one set to None on the instance it skips."""
+    if not uses("hooks_none"):
+        return
+    for hook in hooks:
+        if getattr(type(callback), hook) is getattr(base, hook):
+            setattr(callback, hook, None)
+
+
+def undriven_hooks(callback: Any, hooks: tuple[str, ...]) -> None:
+    """A stage callback's batch hooks before it drives the clock: none, so Lightning does not call it. Without
+    `clock_hooks`: hooks that call the clock while the callback drives it, as methods on its class would."""
+    for hook in hooks:
+        setattr(callback, hook, None if uses("clock_hooks") else _calling_the_clock(callback, hook))
+
+
+def drive_hooks(callback: Any, clock: Any, hooks: tuple[str, ...]) -> None:
+    """clock_hooks: the driving callback's batch hooks are the clock's own methods, put on its instance, so that
+    Lightning calls the clock with nothing in between and calls the other stage callbacks not at all."""
+    if uses("clock_hooks"):
+        for hook in hooks:
+            setattr(callback, hook, getattr(clock, hook))
+
+
+def _calling_the_clock(callback: Any, hook: str) -> Callable[..., None]:
+    def call(*args: Any) -> None:
+        if getattr(callback, "drives", False) and not callback.disabled:
+            getattr(callback.clock, hook)(*args)
+
+    return call
