@@ -26,7 +26,7 @@ from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
 from anemoi_profiler.run.folder import STARTUP_WAIT_WORTH_SAYING_S
 from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender, startup
-from anemoi_profiler.tracking.startup import NICE_PER_THREAD, NICENESS
+from anemoi_profiler.tracking.sender import NICENESS
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -43,7 +43,7 @@ def report_data(callbacks: list[Any], section: str) -> dict[str, Any]:
 
 def ignores_sigint(pid: int) -> bool:
     """On Linux from the child's signal mask; elsewhere from its priority, which it lowers right after."""
-    if not NICE_PER_THREAD:
+    if not sys.platform.startswith("linux"):
         return psutil.Process(pid).nice() != os.nice(0)
     ignored = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
     return bool(ignored & (1 << (signal.SIGINT - 1)))
@@ -65,12 +65,10 @@ def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_t
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
     prestarted = startup.waiting()
     assert prestarted is not None, "building the callbacks starts the sender"
-    # On Linux at the lower priority from its first instruction (its interpreter's start beside a fit that used
-    # every core stalled batches), while the training's own thread keeps its priority; elsewhere it lowers its
-    # own first thing.
+    # It lowers its own priority first thing; the training keeps its own.
     process = psutil.Process(prestarted[0].pid)
     deadline = time.monotonic() + 10
-    while not NICE_PER_THREAD and process.nice() == training_nice and time.monotonic() < deadline:
+    while process.nice() == training_nice and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.nice() == training_nice + NICENESS
     assert os.nice(0) == training_nice
@@ -212,27 +210,6 @@ def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_pat
     session = callbacks[0].session
     assert session.sink.run_id and process.poll() is None  # the same sender served the run, and is kept
     assert MlflowClient(session.tracking_uri).get_run(session.sink.run_id).info.status == "FINISHED"
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_the_sender_imports_mlflow_in_idle_time_and_serves_at_its_own_priority(tmp_path: Path) -> None:
-    script = (
-        "import json, os, sys\n"
-        "from anemoi_profiler.tracking import sender\n"
-        "policies = set()\n"
-        "class Spy:\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        policies.add(os.sched_getscheduler(0))\n"
-        "sys.meta_path.insert(0, Spy())\n"
-        "from anemoi_profiler.tracking import startup\n"
-        "startup.import_in_idle_time(lambda: sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store'))\n"
-        "print(json.dumps({'importing': sorted(policies), 'serving': os.sched_getscheduler(0),\n"
-        "                  'imported': 'mlflow.store.tracking.sqlalchemy_store' in sys.modules}))\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert completed.returncode == 0, completed.stderr
-    seen = json.loads(completed.stdout)
-    assert seen == {"importing": [os.SCHED_IDLE], "serving": os.sched_getscheduler(0), "imported": True}
 
 
 def imported_by_the_sender(store_module: str | None, tmp_path: Path) -> list[str]:

@@ -34,6 +34,9 @@ from .spool import read_run_info, replay_spool
 
 log = logging.getLogger(__name__)
 
+NICENESS = 10
+"""How much lower than the training's the sender's CPU priority is: its start-up (importing MLflow, a second
+or more of CPU) goes to the training's first steps when cores are short."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
@@ -181,11 +184,7 @@ def store_module_for(tracking_uri: str) -> str | None:
 
 
 def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) -> tuple[subprocess.Popen[str], IO[str]]:
-    """Start a sender, at the sender's priority from its first instruction where it can (see `startup`)."""
-    return startup.spawned_niced(lambda: _spawn_here(store_module, idle_exit_s))
-
-
-def _spawn_here(store_module: str | None, idle_exit_s: float) -> tuple[subprocess.Popen[str], IO[str]]:
+    """Start a sender; it lowers its own priority first thing (see `serve`)."""
     read_end, write_end = os.pipe()
     try:
         process = subprocess.Popen(
@@ -241,12 +240,13 @@ def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) 
 
     It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
     the very start of a run, which should go to the training's first steps when cores are short. It
-    imports them before it reads its setup (see `prestart`), as `startup` says; `store_module` is the store's
-    module to import with them, if it is known.
+    imports them before it reads its setup (see `prestart`), leanly (see `_import_mlflow`); `store_module` is
+    the store's module to import with them, if it is known.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
-    startup.lower_own_priority()
-    startup.import_in_idle_time(lambda: _import_mlflow(store_module))
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+    _import_mlflow(store_module)
     replies = os.fdopen(replies_fd, "w")
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
@@ -327,4 +327,3 @@ def _import_client(store_module: str | None) -> None:
 
 if __name__ == "__main__":
     serve(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
-    startup.exit_without_teardown()

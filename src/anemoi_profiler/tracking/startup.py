@@ -16,11 +16,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 WITHOUT_VARIABLE = "_ANEMOI_PROFILER_WITHOUT"
 """Comma-separated tricks to leave out; set only by benchmarks/startup_tricks.py."""
-T = TypeVar("T")
 Sender = tuple[subprocess.Popen[str], IO[str]]
 
 
@@ -70,69 +69,7 @@ def _alive(sender: Sender | None) -> bool:
     return sender is not None and sender[0].poll() is None
 
 
-# ---- the sender process's own start-up ----
-NICENESS = 10
-"""How much lower than the training's the sender's CPU priority is."""
-NICE_PER_THREAD = sys.platform.startswith("linux")
-"""Linux keeps a nice level per thread, and a child starts with its spawning thread's."""
-
-
-def spawned_niced(spawn: Callable[[], T]) -> T:
-    """Run `spawn` in a thread of its own at the sender's priority, so that the child starts at that priority.
-
-    niced_spawn: on Linux the child runs niced from its first instruction; niced by itself, it spent its
-    interpreter's start and first imports at the training's priority."""
-    if not NICE_PER_THREAD or not uses("niced_spawn"):
-        return spawn()
-    # A plain thread, not an executor: the sink may need a new sender at the interpreter's exit, after
-    # concurrent.futures has stopped taking work.
-    spawned: list[T] = []
-    failed: list[BaseException] = []
-
-    def spawn_niced() -> None:
-        try:
-            with contextlib.suppress(OSError):
-                os.nice(NICENESS)  # this thread's alone
-            spawned.append(spawn())
-        except BaseException as error:
-            failed.append(error)
-
-    spawner = threading.Thread(target=spawn_niced, name="anemoi-profiler-sender-spawn")
-    spawner.start()
-    spawner.join()
-    if failed:
-        raise failed[0]
-    return spawned[0]
-
-
-def lower_own_priority() -> None:
-    """In the sender: take the sender's priority, unless it started with it (see `spawned_niced`)."""
-    if not NICE_PER_THREAD or not uses("niced_spawn"):
-        with contextlib.suppress(OSError):
-            os.nice(NICENESS)
-
-
-def import_in_idle_time(do_import: Callable[[], None]) -> None:
-    """Run `do_import` in a thread that runs only when a core would otherwise be idle (Linux's SCHED_IDLE, for
-    that thread alone: requests are then served at the process's own priority).
-
-    idle_import: where the training uses every core (torch's default threads on a CPU fit), a nice level is not
-    enough: the import took a share of them and slowed the first steps. In idle time it waits for the training
-    instead, and the sink's metrics wait for it in the spool."""
-    if not uses("idle_import"):
-        do_import()
-        return
-
-    def idly() -> None:
-        with contextlib.suppress(AttributeError, OSError):  # not on Linux: at the process's own priority
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        do_import()
-
-    importer = threading.Thread(target=idly, name="anemoi-profiler-mlflow-import")
-    importer.start()
-    importer.join()
-
-
+# ---- the sender process's start-up ----
 LEFT_OUT_IMPORTS = frozenset({"pandas", "numpy"})
 """What MLflow imports only when it is installed (mlflow-skinny goes without them), for the datasets and model
 signatures the sender never logs."""
@@ -173,14 +110,6 @@ def collector_paused_and_frozen() -> Iterator[None]:
     finally:
         gc.freeze()
         gc.enable()
-
-
-def exit_without_teardown() -> None:
-    """fast_exit: every request was answered; skip the interpreter's teardown of MLflow's modules, which the
-    training process's close would wait for."""
-    if uses("fast_exit"):
-        sys.stderr.flush()
-        os._exit(0)
 
 
 # ---- the training's hot path ----
