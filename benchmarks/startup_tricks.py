@@ -1,13 +1,16 @@
 """What each of the profiler's start-up and hot-path tricks buys: every trick with and without it, in one run.
 
     python benchmarks/startup_tricks.py --out benchmarks/results/cpu_startup_tricks_<date>.json
-        [--repetitions 6] [--steady-steps 1000] [--until 16:05]
+        [--repetitions 6] [--steady-steps 1000] [--settings end,probe,...] [--until HH:MM]
+    python benchmarks/startup_tricks.py --out RESULTS.json --table   # print a results file's figures
 
-A trick is left out by naming it in `_ANEMOI_PROFILER_WITHOUT` (`anemoi_profiler.tracking.startup`), which only
-this harness sets; the MLflow sender, a child process, inherits it. Each repetition runs every setting below, the
-configurations of a setting in an order rotated per repetition; every figure is a difference or ratio to the bare
-fit of the same repetition, and a second bare fit (`bare (control)`) is the noise floor. Figures are medians over
-repetitions. All fits run on one torch thread; each profiled fit but the later run is the first of its process
+A trick of `anemoi_profiler.tracking.startup` is left out by naming it in `_ANEMOI_PROFILER_WITHOUT`, which only
+this harness sets; the MLflow sender, a child process, inherits it. The tricks it measured and that were removed
+(see docs/benchmarks.md) have no switch any more; their figures stay in that run's results file.
+
+Each repetition runs every setting below, the configurations of a setting in an order rotated per repetition;
+every figure is a difference or ratio to the bare fit of the same repetition, and a second bare fit
+(`bare (control)`) is the noise floor. Figures are medians over repetitions. All fits run on one torch thread; each profiled fit but the later run is the first of its process
 (the sender kept from the fit before is ended first).
 
 - `end`: `fit()` of the "1 ms" model, 160 steps (the short run whose end waits for the sender's start-up).
@@ -19,7 +22,6 @@ repetitions. All fits run on one torch thread; each profiled fit but the later r
 - `probe`: the training thread's cost of our hooks per batch, through Lightning's dispatcher (`measure.HookLoop`
   in a fit of the "50 ms" model): the best block's µs, and that as a share of the bare step timed just before.
 - `script`: a fresh interpreter that fits the "1 ms" model and exits, from start to exit.
-- `statm`: reading the resident memory, per call, and its share of a 50 ms step at one reading per 50 steps.
 - `sender_start`: a fresh sender's start-up alone (what a short first run's end waits for), in a process of its
   own: its CPU time, which the machine's load hardly moves, and its wall time.
 """
@@ -49,13 +51,11 @@ from short_run import SCRIPT, SETUP_S, BatchEnds, early_step_ms, profiled_callba
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.startup import WITHOUT_VARIABLE
 
-SENDER_TRICKS = ("prestart", "kept_sender", "niced_spawn", "idle_import", "leave_out_imports", "gc_freeze", "fast_exit")
-HOT_PATH_TRICKS = ("hooks_none", "clock_hooks", "statm_handle")
+SENDER_TRICKS = ("prestart", "kept_sender", "leave_out_imports", "gc_freeze")
+HOT_PATH_TRICKS = ("hooks_none", "clock_hooks")
 GROUPS = {"startup": SENDER_TRICKS, "hot_path": HOT_PATH_TRICKS}
 STEADY_MS = 50.0
 STEADY_WARMUP = 20
-LOG_EVERY_N_STEPS = 50
-"""The shipped interval: the resident memory is read once per interval."""
 
 
 def bare(name: str = "bare") -> tuple[str, tuple[str, ...] | None]:
@@ -77,16 +77,11 @@ SETTINGS: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {
     "sender_start": [
         ours(),
         ("ours (control)", ()),
-        *(ours(t) for t in ("idle_import", "leave_out_imports", "gc_freeze", "fast_exit")),
+        *(ours(t) for t in ("leave_out_imports", "gc_freeze")),
     ],
 }
-SENDER_START = (
-    "from anemoi_profiler.tracking import sender, startup\n"
-    "startup.lower_own_priority()\n"
-    "startup.import_in_idle_time(lambda: sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store'))\n"
-    "startup.exit_without_teardown()\n"
-)
-"""What a sender does before it reads its first request, then its exit."""
+SENDER_START = "from anemoi_profiler.tracking import sender; sender._import_mlflow(sender.store_module_for('sqlite:'))"
+"""What a sender does before it reads its first request."""
 
 
 @contextlib.contextmanager
@@ -160,23 +155,6 @@ def sender_start(tricks: tuple[str, ...]) -> dict:
     return {"cpu_s": cpu_s, "wall_s": wall_s}
 
 
-def statm(calls: int = 2000) -> dict:
-    """Microseconds per resident-memory reading, the kept /proc handle and psutil alternately."""
-    from anemoi_profiler.callbacks.timing import ResidentMemory
-
-    readers = {"ours": ResidentMemory()}
-    with leaving_out(("statm_handle",)):
-        readers["ours without statm_handle"] = ResidentMemory()
-    row = {}
-    for name, reader in readers.items():
-        started = time.perf_counter()
-        for _ in range(calls):
-            reader.bytes()
-        row[name] = (time.perf_counter() - started) / calls * 1e6
-        reader.close()
-    return row
-
-
 def run_setting(setting: str, repetition: int, work_dir: Path, store: str, steady_steps: int) -> list[dict]:
     configurations = SETTINGS[setting]
     shift = repetition % len(configurations)
@@ -199,7 +177,7 @@ def run_setting(setting: str, repetition: int, work_dir: Path, store: str, stead
     return rows
 
 
-def summarize(rows: list[dict], statm_rows: list[dict]) -> dict[str, Any]:
+def summarize(rows: list[dict]) -> dict[str, Any]:
     """Per setting and configuration: the median over repetitions of its difference (or ratio) to bare."""
 
     def value(setting: str, name: str, repetition: int, key: str) -> float | None:
@@ -236,10 +214,6 @@ def summarize(rows: list[dict], statm_rows: list[dict]) -> dict[str, Any]:
                         values.append((mine / base - 1) * 100 if kind == "ratio" else mine)
                 if values:
                     table[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    if statm_rows:
-        figures["statm:us_per_call"] = {
-            name: statistics.median(row[name] for row in statm_rows) for name in statm_rows[0]
-        }
     return figures
 
 
@@ -261,7 +235,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/startup_tricks"))
     parser.add_argument("--repetitions", type=int, default=6)
     parser.add_argument("--steady-steps", type=int, default=1000)
-    parser.add_argument("--settings", default=",".join([*SETTINGS, "statm"]))
+    parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--until", help="UTC HH:MM: start no repetition after it")
     args = parser.parse_args()
     if args.table:
@@ -271,7 +245,7 @@ def main() -> None:
     quiet_lightning()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{args.work_dir / 'mlflow.db'}"
-    if set(args.settings.split(",")) - {"sender_start", "statm"}:
+    if set(args.settings.split(",")) - {"sender_start"}:
         fit("cpu", 160, args.work_dir, store, ())  # warm store: the schema is created once
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
@@ -284,17 +258,14 @@ def main() -> None:
         "specs": {name: SPECS[name].describe() for name in ("cpu", "cpu-5ms", "cpu-50ms")},
     }
     rows: list[dict] = []
-    statm_rows: list[dict] = []
     for repetition in range(args.repetitions):
         if args.until and datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M") >= args.until:
             break
         print(f"repetition {repetition + 1}", file=sys.stderr)
-        for setting in [name for name in args.settings.split(",") if name in SETTINGS]:
+        for setting in args.settings.split(","):
             rows += run_setting(setting, repetition, args.work_dir, store, args.steady_steps)
-        if "statm" in args.settings:
-            statm_rows.append(statm())
         meta["repetitions"] = repetition + 1
-        results = {"meta": meta, "figures": summarize(rows, statm_rows), "rows": rows, "statm": statm_rows}
+        results = {"meta": meta, "figures": summarize(rows), "rows": rows}
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     sender.end_kept()
 
