@@ -10,8 +10,9 @@ this harness sets; the MLflow sender, a child process, inherits it. The tricks i
 
 Each repetition runs every setting below, the configurations of a setting in an order rotated per repetition;
 every figure is a difference or ratio to the bare fit of the same repetition, and a second bare fit
-(`bare (control)`) is the noise floor. Figures are medians over repetitions. All fits run on one torch thread; each profiled fit but the later run is the first of its process
-(the sender kept from the fit before is ended first).
+(`bare (control)`) is the noise floor. Figures are medians over repetitions. All fits run on one torch thread;
+each profiled fit but the later run is the first of its process (the sender kept from the fit before is ended
+first).
 
 - `end`: `fit()` of the "1 ms" model, 160 steps (the short run whose end waits for the sender's start-up).
 - `callbacks_first`: the same with the callbacks built `SETUP_S` before the Trainer (what a prestart overlaps).
