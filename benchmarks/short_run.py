@@ -313,7 +313,7 @@ def _script_set(spec: str, device: str, repetitions: int, work_dir: Path, store:
 
 def _every_core_set(spec: str, device: str, repetitions: int, work_dir: Path, store: str) -> dict[str, Any]:
     """The first run of a process on a fit that uses every core, as torch does by default: the sender's start-up
-    then has no core of its own, and must wait for idle time rather than stall the training."""
+    then has no core of its own and takes a share of the training's."""
     kinds = ("bare", "ours", "bare (control)")
     threads, every_core = torch.get_num_threads(), os.cpu_count() or 1
     torch.set_num_threads(every_core)
