@@ -25,8 +25,7 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.run import intervals
-from anemoi_profiler.run.intervals import RankTotals, StageMeter
+from anemoi_profiler.run.clock import RankTotals, StageMeter, intervals
 from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, example, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, trainer
 from tests.test_distributed import rank_0_of_two

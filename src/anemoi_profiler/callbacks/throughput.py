@@ -21,8 +21,7 @@ from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..run import lightning_actions, trainer_info
-from ..run.eager import can_run_eagerly, eager, is_compiled
-from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
+from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
@@ -324,7 +323,7 @@ class ThroughputCallback(StageCallback):
 
 class _StepFlops:
     """Torch's FLOP counter over one training step, which runs eagerly meanwhile: under the counter, a compiled
-    model would never compile (see `run.eager`); it compiles on the next step instead, with the same graphs."""
+    model would never compile (see `run.clock.eager`); it compiles on the next step instead, with the same graphs."""
 
     def __init__(self) -> None:
         from torch.utils.flop_counter import FlopCounterMode

@@ -15,7 +15,7 @@ import torch
 from .. import names
 from ..report import MB, ReportSection
 from ..run import trainer_info
-from ..run.intervals import STAGES, Lap, RankTotals
+from ..run.clock import STAGES, Lap, RankTotals
 from ..run.rank_figures import (
     MEMORY_PEAKS,
     collective_wait_figures,

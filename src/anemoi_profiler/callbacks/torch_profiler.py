@@ -23,9 +23,8 @@ from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
 from ..reports.step_series import PROFILED
 from ..run import trainer_info
+from ..run.clock import STAGES, unwrapped
 from ..run.flagged_traces import settle_held_traces
-from ..run.intervals import STAGES
-from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
 from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
 from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables

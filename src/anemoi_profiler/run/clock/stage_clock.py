@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 import torch
 
-from ..config import ProfilerConfig
-from ..reports.step_series import EPOCH_START
-from . import trainer_info
+from ...config import ProfilerConfig
+from ...reports.step_series import EPOCH_START
+from .. import trainer_info
+from ..distributed import RankExchange
+from ..gradient_sync import GradientSyncTimer
 from .batch_gaps import BatchGaps
-from .distributed import RankExchange
-from .gradient_sync import GradientSyncTimer
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
 from .step_record import StepRecord

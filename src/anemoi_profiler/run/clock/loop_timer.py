@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from ..lightning_actions import CALLBACK_PREFIX, FETCH_ACTIONS
 from .intervals import STAGES
-from .lightning_actions import CALLBACK_PREFIX, FETCH_ACTIONS
 
 
 class LoopTimer:
