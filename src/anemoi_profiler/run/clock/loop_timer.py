@@ -21,8 +21,9 @@ from .intervals import STAGES
 
 
 class LoopTimer:
-    def __init__(self, profiler: Any) -> None:
+    def __init__(self, profiler: Any, now: Callable[[], float] = time.perf_counter) -> None:
         self.wrapped = profiler
+        self._now = now
         self.fetch_s = dict.fromkeys(STAGES, 0.0)
         """Seconds fetching per stage, until `BatchGaps` takes them at a batch's end (and zeroes them)."""
         self.fetches = dict.fromkeys(STAGES, 0)
@@ -34,14 +35,14 @@ class LoopTimer:
     # ---- what Lightning calls ----
     def start(self, action_name: str) -> None:
         if action_name in FETCH_ACTIONS:
-            self._fetch_started = time.perf_counter()
+            self._fetch_started = self._now()
         self.wrapped.start(action_name)
 
     def stop(self, action_name: str) -> None:
         self.wrapped.stop(action_name)
         stage = FETCH_ACTIONS.get(action_name)
         if stage is not None:
-            self.fetch_s[stage] += time.perf_counter() - self._fetch_started
+            self.fetch_s[stage] += self._now() - self._fetch_started
             self.fetches[stage] += 1
 
     def __getattr__(self, name: str) -> Any:
@@ -80,12 +81,12 @@ class LoopTimer:
             with around[1](), self.wrapped.profile(action_name) as name:
                 yield name
             return
-        started = time.perf_counter()
+        started = self._now()
         with self.wrapped.profile(action_name) as name:
             yield name
         if self._sample is not None and action_name.startswith(CALLBACK_PREFIX):
             state_key = action_name[len(CALLBACK_PREFIX) :].rsplit(".", 1)[0]
-            self._sample[state_key] = self._sample.get(state_key, 0.0) + time.perf_counter() - started
+            self._sample[state_key] = self._sample.get(state_key, 0.0) + self._now() - started
 
 
 def unwrapped(profiler: Any) -> Any:
