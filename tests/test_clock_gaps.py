@@ -7,13 +7,14 @@ marks' times as `FirstCallbackMark`/`LastCallbackMark` would. Times are multiple
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from anemoi_profiler.run.clock import BatchGaps, LoopTimer, OwnWorkClock
 from anemoi_profiler.run.clock.intervals import GapTimes
-from anemoi_profiler.run.lightning_actions import CALLBACK_PREFIX, TRAIN_FETCH
+from anemoi_profiler.run.lightning_private import CALLBACK_PREFIX, TRAIN_FETCH
 from tests.helpers.clock_driver import ClockDriver, ManualTime
 
 
@@ -149,3 +150,14 @@ def test_an_epochs_first_fetch_is_its_epoch_start_not_data_wait(tmp_path: Path) 
     totals = driver.clock.totals["train"]
     assert (totals.wait_s, totals.fetches, totals.epoch_start_s, totals.elapsed_s) == (1 / 8, 2, 2.0625, 1.125)
     assert driver.recorder.laps == [("train", 4, 4, 281.25)]
+
+
+def test_a_watched_block_that_never_ran_is_cancelled() -> None:
+    """`around_next` waits for a block by its action name; if Lightning never ran it (a renamed private name), the
+    throughput callback cancels it at the first step's end, and Lightning calls the real profiler again."""
+    timer = LoopTimer(IdleProfiler())
+    timer.around_next("[_Renamed].run_training_batch", contextlib.nullcontext)
+    assert timer.profile != timer.wrapped.profile
+    assert timer.cancel_around()
+    assert timer.profile == timer.wrapped.profile
+    assert not timer.cancel_around()

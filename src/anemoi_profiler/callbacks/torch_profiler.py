@@ -376,7 +376,7 @@ def _torch_based_profiler(trainer: Any) -> str | None:
     """Name of a Lightning profiler on the trainer that runs torch.profiler itself, if any."""
     profiler = unwrapped(getattr(trainer, "profiler", None))
     name = type(profiler).__name__
-    return name if name == "PyTorchProfiler" or hasattr(profiler, "_profiler_kwargs") else None
+    return name if any(cls.__name__ == "PyTorchProfiler" for cls in type(profiler).__mro__) else None
 
 
 def _planned_train_batches(trainer: Any) -> int | None:

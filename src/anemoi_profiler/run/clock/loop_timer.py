@@ -2,7 +2,7 @@
 
 Lightning calls `trainer.profiler.start/stop` around every fetch from the training dataloader (also inside a
 `dataloader_iter` training step, from every dataloader of a combined loader) and around validation fetches,
-and wraps every callback hook in `trainer.profiler.profile` (the action names: `lightning_actions.py`).
+and wraps every callback hook in `trainer.profiler.profile` (the action names: `run/lightning_private.py`).
 Standing in for the profiler (the user's `SimpleProfiler` or `PyTorchProfiler` as well as Lightning's
 do-nothing default) sees both without a hook of our own: every call goes on to the real profiler unchanged.
 `profile` is the real profiler's own method except while a sample is taken or a block is watched (the first
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from ..lightning_actions import CALLBACK_PREFIX, FETCH_ACTIONS
+from ..lightning_private import CALLBACK_PREFIX, FETCH_ACTIONS
 from .intervals import STAGES
 
 
@@ -67,6 +67,12 @@ class LoopTimer:
         without any callback's hooks) inside `context()`, once."""
         self._around = (action_name, context)
         self.profile = self._watching_profile
+
+    def cancel_around(self) -> bool:
+        """Drop the block `around_next` waits for; True when there was one (Lightning never ran it)."""
+        pending, self._around = self._around, None
+        self._unwatch_if_idle()
+        return pending is not None
 
     def _unwatch_if_idle(self) -> None:
         if self._sample is None and self._around is None:

@@ -26,6 +26,7 @@ from ...reports.step_series import EPOCH_START
 from .. import trainer_info
 from ..distributed import RankExchange
 from ..gradient_sync import GradientSyncTimer
+from ..lightning_private import TRAIN_FETCH, missing
 from .batch_gaps import BatchGaps
 from .intervals import STAGES, Lap, RankTotals, StageMeter
 from .own_work import OwnWorkClock
@@ -155,6 +156,10 @@ class StageClock:
     def train_end(self, trainer: Any) -> None:
         self.lap(trainer, "train", final=True)
         self.meters["train"].stop()
+        train = self.totals["train"]
+        if self.gaps.loop_timer is not None and not train.fetches and train.batches > train.epoch_starts:
+            # Every batch but an epoch's first has its fetch timed, unless Lightning renamed the action.
+            missing(f"profiler action {TRAIN_FETCH!r}", "the data wait is not assessed")
 
     # ---- validation (never the sanity check) ----
     def validation_start(self, trainer: Any) -> None:
