@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.run import lightning_private
 from anemoi_profiler.run.clock import is_compiled, loop_timer
@@ -168,12 +168,14 @@ def test_a_strategy_and_a_module_without_theirs_degrade(caplog: pytest.LogCaptur
     assert "collective wait not assessed" in warned[0].getMessage()
 
 
-def test_a_renamed_fetch_action_leaves_the_data_wait_not_assessed(
+def test_renamed_profiler_actions_leave_the_data_wait_and_the_flops_not_assessed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A real fit on a Lightning that (as far as the loop timer knows) renamed its fetch actions: the fit ends,
-    one warning names the action, and the report says the data wait is not assessed instead of 0 %."""
+    """A real fit on a Lightning that (as far as the profiler knows) renamed its fetch and training-step actions:
+    the fit ends, one warning names each action, the report says the data wait is not assessed (instead of 0 %)
+    and no MFU is logged."""
     monkeypatch.setattr(loop_timer, "FETCH_ACTIONS", {"[_Renamed].next": "train"})
+    monkeypatch.setattr(lightning_private, "TRAINING_STEP", "[_Renamed].run_training_batch")
     config = ProfilerConfig.load(
         None,
         [
@@ -184,6 +186,7 @@ def test_a_renamed_fetch_action_leaves_the_data_wait_not_assessed(
             "system.enabled=false",
             "log_every_n_steps=5",
             "throughput.warmup_steps=3",
+            "throughput.device_peak_flops=1e12",
         ],
     )
     train, val = loaders(n_train=16 * 20)
@@ -192,11 +195,14 @@ def test_a_renamed_fetch_action_leaves_the_data_wait_not_assessed(
         fit_trainer.fit(TinyRegressor(), train, val)
 
     assert fit_trainer.state.finished
-    (warning,) = ours(caplog)
-    assert lightning_private.TRAIN_FETCH in warning.getMessage()
+    warned = [record.getMessage() for record in ours(caplog)]
+    assert len(warned) == 2
+    assert any("run_training_batch" in message and "MFU are not assessed" in message for message in warned)
+    assert any(lightning_private.TRAIN_FETCH in message for message in warned)
     (run_dir,) = run_folders(tmp_path / "runs")
     section = json.loads((run_dir / "report.json").read_text())["sections"]["Step time and memory"]["data"]
     assert section["train/dataloader_wait_share"] == "not assessed"
+    assert names.TRAIN_MFU not in json.loads((run_dir / "metrics.json").read_text())
 
 
 def _legacy_module(pl_namespace: Any) -> Any:
