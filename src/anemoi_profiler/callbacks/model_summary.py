@@ -353,14 +353,14 @@ class ModelSummaryCallback(ProfilerCallback):
         (self.session.run_dir / MODEL_SUMMARY_FILE).write_text(summary.text)
         self.session.log_params(summary.params())
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         if self.pending:  # a validate/test run, or a fit that stopped before its first training batch
             self.pending = False
             model = getattr(trainer, "lightning_module", None)
             if model is not None:
                 self._record(static_model_summary(model, "no training batch was seen"))
         if self.result is None:
-            return None, {}
+            return [], {}
         summary = self.result
         values: dict[str, tuple[Any, str]] = {
             "model": (summary.model_name, ""),
@@ -372,4 +372,4 @@ class ModelSummaryCallback(ProfilerCallback):
             values["called as"] = (summary.call, "")
         else:
             values["static summary because"] = (summary.static_reason, "")
-        return ReportSection.key_values("Model summary", values, "Full table in model_summary.txt."), {}
+        return [ReportSection.key_values("Model summary", values, "Full table in model_summary.txt.")], {}
