@@ -5,6 +5,7 @@ later from the files. On a real CPU fit with torch.profiler windows, the model s
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -15,7 +16,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler.callbacks import ProfilerCallback
 from anemoi_profiler.layout import run_folders
+from anemoi_profiler.report import ReportSection
 from anemoi_profiler.reports import diagnosis, run_data
 from anemoi_profiler.run.run_page import verdict_tag
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -63,3 +66,27 @@ def test_the_run_end_reads_the_folder_once_and_every_report_shows_one_diagnosis(
     description = run.data.tags["mlflow.note.content"]
     for name in written["not_assessed"]:
         assert name in description and name in (folder / "report.html").read_text()
+
+
+class OldFormSummary(ProfilerCallback):
+    """A callback written for the earlier contract: one section, not a list."""
+
+    def summarize(self, trainer: Any) -> Any:
+        return ReportSection.key_values("Gradients", {"largest norm": (1.0, "")}), {}
+
+
+def test_a_summarize_that_returns_no_list_is_named_and_the_fit_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ProfilerConfig.load(
+        None, [f"output_dir={tmp_path}", "tracking.enabled=false", "report.console=false", "system.enabled=false"]
+    )
+    train, _ = loaders(n_train=64)
+    with caplog.at_level(logging.WARNING, logger="anemoi_profiler"):
+        trainer([OldFormSummary(config)], limit_val_batches=0).fit(TinyRegressor(), train)
+    assert (
+        "OldFormSummary could not summarize: summarize returned ReportSection, expected a list of ReportSection"
+        in caplog.text
+    )
+    (folder,) = run_folders(tmp_path)
+    assert "Diagnosis" in json.loads((folder / "report.json").read_text())["sections"]  # the report is written

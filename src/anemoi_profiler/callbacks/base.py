@@ -141,6 +141,8 @@ class ProfilerCallback(Callback):
         try:
             if not self.disabled:
                 sections, summary = self.summarize(trainer)
+                if not isinstance(sections, list):
+                    raise TypeError(f"summarize returned {type(sections).__name__}, expected a list of ReportSection")
                 self.session.add_summary(sections, summary)
         except Exception as error:
             log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
