@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
 PLAIN_DATA_PARALLEL = ("DDPStrategy",)
-"""Strategies whose forward pass runs no collective: the summary's forward on rank 0 alone is safe under them."""
+"""Strategies under which the LightningModule's own forward runs no collective (the model is whole on every rank;
+DDP's buffer broadcast is in its wrapper's forward, which the summary does not call, and its all-reduce in
+backward): the summary's forward on rank 0 alone is safe under them."""
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
 
 
