@@ -29,7 +29,8 @@ from .report import ReportSection, RunReport
 from .run import run_page
 from .run.distributed import RankExchange
 from .run.environment import collect_environment
-from .run.folder import open_sink, print_where_to_look, upload_folder, write_run_folder
+from .run.folder import print_where_to_look, upload_folder, write_run_folder
+from .run.session import open_sink
 from .run.window_exchange import exchange_summaries, spread_metrics, write_tables
 from .tracking.uris import resolve_tracking_uri
 

@@ -306,23 +306,21 @@ class TorchProfilerCallback(ProfilerCallback):
             log.warning("anemoi-profiler: %s", problem)
 
     # ---- end of run ----
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         """Rank 0 decides on the trace upload; the first profiled rank writes the reports from its windows."""
         for stage in STAGES:
             self._stop(stage)
         if self._windows is not None:
             self._windows.flush()
-        if self.config.profiler.window_summary:
-            self._exchange_window_summaries()
+        across_ranks = self._exchange_window_summaries() if self.config.profiler.window_summary else None
         upload_note = self._traces_upload_note() if self.session.is_global_zero else ""
+        sections = [across_ranks] if across_ranks is not None else []
         if self._windows is None or self.session.global_rank != self._reporting_rank():
-            return None, {}
-        sections, metrics = summarize_windows(self._windows, upload_note)
-        for section in sections:
-            self.session.add_section(section)
-        return None, metrics
+            return sections, {}
+        operator_sections, metrics = summarize_windows(self._windows, upload_note)
+        return sections + operator_sections, metrics
 
-    def _exchange_window_summaries(self) -> None:
+    def _exchange_window_summaries(self) -> ReportSection | None:
         """Every rank, profiled or not, joins the one exchange; rank 0 writes the tables and logs the spread."""
         summaries = self._windows.summaries if self._windows is not None else None
         mine = summaries.collect() if summaries is not None else {}
@@ -335,11 +333,11 @@ class TorchProfilerCallback(ProfilerCallback):
             requested = {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
             settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance, requested)
         if not self.session.is_global_zero:
-            return
+            return None
         write_tables(self.session.run_dir, tables)
         for (stage, window), table in tables.items():
             self.session.log_metrics(spread_metrics(stage, table), step=window)
-        self.session.add_section(window_section(tables))
+        return window_section(tables)
 
     def _reporting_rank(self) -> int:
         return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, median
@@ -238,14 +238,18 @@ class RunData:
         return [(title, s) for title, s in self.sections.items() if "operators" in (s.get("data") or {})]
 
 
-def load_run(folder: Path) -> RunData:
-    """Read a run folder; raise RunFolderError when it holds none of `RUN_FILES`."""
+def load_run(folder: Path, report: Mapping[str, Any] | None = None) -> RunData:
+    """Read a run folder; raise RunFolderError when it holds none of `RUN_FILES`.
+
+    `report` is the report's document (`RunReport.to_json()`) where the caller holds it before report.json is
+    written (the end of a fit, which diagnoses the run to open the report): it is read as report.json would be.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"no such folder: {folder}")
     if not any((folder / name).is_file() for name in RUN_FILES):
         raise RunFolderError(f"{folder} is not a run folder: none of {', '.join(RUN_FILES)} in it")
-    report = _read_json(folder / REPORT_JSON)
+    report = _read_json(folder / REPORT_JSON) if report is None else json.loads(json.dumps(report, default=str))
     return RunData(
         folder=folder,
         header=report.get("header") or {},
