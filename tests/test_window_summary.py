@@ -67,6 +67,12 @@ def test_the_sweep_gives_the_figures_worked_out_by_hand() -> None:
     assert values["overlap_ms"] * 1e3 == pytest.approx(10.0)  # 30-40
     assert values["overlap_pct"] == pytest.approx(100 * 10 / 30)
     assert values["exposed_communication_ms"] * 1e3 == pytest.approx(20.0)
+    # HTA's kernel type breakdown: of the 61 us of kernels, compute alone 26 (10-30, 86-90, 95-97), communication
+    # alone 20 (40-60), memory alone 5; the other 10 overlap
+    assert values["kernel_ms"] * 1e3 == pytest.approx(61.0)
+    assert values["computation_only_pct"] == pytest.approx(100 * 26 / 61)
+    assert values["communication_only_pct"] == pytest.approx(100 * 20 / 61)
+    assert values["memory_only_pct"] == pytest.approx(100 * 5 / 61)
     # stream 7: 40->70 (launched at 4: other), 75->86 (launched at 85 > 75: host wait), 90->95 (kernel wait)
     assert values["idle_host_wait_ms"] * 1e3 == pytest.approx(11.0)
     assert values["idle_kernel_wait_ms"] * 1e3 == pytest.approx(5.0)
