@@ -190,7 +190,8 @@ def profile_component(
         traces = TracesUpload.of(run_dir, config.profiler)
         sections, metrics = summarize_windows(windows, traces.note if uploading else "not uploaded (tracking off)")
         if windows.summaries is not None:
-            tables = exchange_summaries(RankExchange(), run_dir, windows.summaries.collect())
+            mine = windows.summaries.collect()
+            tables = exchange_summaries(RankExchange(), run_dir, mine, slots=len(mine))
             write_tables(run_dir, tables)
             for (stage, window), table in tables.items():
                 if sink is not None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 from typing import Any
 
 from .. import names
@@ -213,7 +213,7 @@ class RunData:
     # ---- window_summaries/<stage>/window_<k>/window_summary.json ----
     def window_summary_values(self, stage: str = "train") -> list[HtaValue]:
         """The window summaries' figures as HTA's scalars (`SUMMARY_AS_HTA`); communication's share of kernel
-        time as its share of the device's busy time, averaged over ranks."""
+        time as HTA's kernel type breakdown gives it: communication running alone, over all ranks' kernel time."""
         values = []
         for path in sorted((self.folder / WINDOW_SUMMARIES_DIR).glob(f"*/window_*/{WINDOW_SUMMARY}.json")):
             window, rows = f"{path.parent.parent.name}/{path.parent.name}", _read_json(path).get("ranks") or []
@@ -221,9 +221,10 @@ class RunData:
                 for ours, theirs in SUMMARY_AS_HTA.items():
                     if isinstance(row.get(ours), int | float):
                         values.append(HtaValue(window, int(row["rank"]), theirs, float(row[ours])))
-            shares = [100 * r["communication_ms"] / r["active_ms"] for r in rows if r.get("active_ms")]
-            if shares:
-                values.append(HtaValue(window, None, "communication_kernel_time_pct", mean(shares)))
+            weighted = [(r["communication_only_pct"], r["kernel_ms"]) for r in rows if r.get("kernel_ms")]
+            if weighted:
+                share = sum(pct * ms for pct, ms in weighted) / sum(ms for _, ms in weighted)
+                values.append(HtaValue(window, None, "communication_kernel_time_pct", share))
         of_stage = [v for v in values if v.stage == stage]
         return of_stage or values
 
