@@ -29,7 +29,7 @@ from ..profiling.window_table import NOT_ASSESSED, WindowTable
 from ..report import ReportSection
 from .distributed import RankExchange
 from .flagged_traces import keeps_trace, settle_held_traces
-from .intervals import RankTotals
+from .clock import RankTotals
 from .session import ProfilerSession
 
 log = logging.getLogger(__name__)
