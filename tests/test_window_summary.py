@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anemoi_profiler.analysis import trace_stream
-from anemoi_profiler.analysis.trace_stream import TraceReadError, read_window_events, trace_rank
+from anemoi_profiler.analysis.preflight import trace_rank
+from anemoi_profiler.profiling import trace_stream
 from anemoi_profiler.profiling.kernel_kinds import RULE_NAMES, classify_device
+from anemoi_profiler.profiling.trace_stream import TraceReadError, read_window_events
 from anemoi_profiler.profiling.window_events import DEVICE, HOST, LAUNCH, STEP, WindowEventsBuilder
 from anemoi_profiler.profiling.window_summary import (
     FIELD_NAMES,
@@ -197,6 +198,41 @@ def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path:
     assert from_torch.values["window_ms"] == pytest.approx(from_file.values["window_ms"], rel=1e-3)
     assert from_torch.values["host_busy_pct"] == pytest.approx(from_file.values["host_busy_pct"], abs=0.5)
     assert not from_torch.device_assessed and not from_file.device_assessed
+
+
+def test_a_torch_without_activity_type_reads_the_window_kineto_saves() -> None:
+    """torch < 2.12 has no `_KinetoEvent.activity_type`: the window is saved by kineto and read back, with the
+    figures of the in-process path."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from anemoi_profiler.profiling.kineto_events import window_events_from_kineto
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(3):
+            with record_function(f"ProfilerStep#{step}"):
+                torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()
+    results = prof.profiler.kineto_results
+    in_process = summarize(window_events_from_kineto(results))
+
+    class OldEvent:  # the accessors torch 2.11 has: everything but activity_type
+        def __init__(self, event: object) -> None:
+            self.event = event
+
+        def start_ns(self) -> int:
+            return self.event.start_ns()  # type: ignore[attr-defined]
+
+    class OldResults:
+        def events(self) -> list[OldEvent]:
+            return [OldEvent(event) for event in results.events()]
+
+        def save(self, path: str) -> None:
+            results.save(path)
+
+    saved = summarize(window_events_from_kineto(OldResults()))
+    assert saved.values["steps"] == in_process.values["steps"] == 3
+    assert saved.values["window_ms"] == pytest.approx(in_process.values["window_ms"], rel=1e-3)
+    assert saved.values["host_busy_pct"] == pytest.approx(in_process.values["host_busy_pct"], abs=0.5)
 
 
 class _KinetoEvent:

@@ -10,12 +10,16 @@ are timed, not named: see `CPU_OP`; launch calls need only their correlation id)
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from itertools import compress, repeat
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .trace_stream import read_window_events
 from .window_events import (
     CPU_OP,
     DEVICE,
@@ -53,6 +57,9 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
     if not count:
         return WindowEvents([], np.empty(0, np.int32), np.empty(0, np.int8), np.empty(0), np.empty(0), *_no_ids(0))
     accessor = type(events[0])
+    if not hasattr(accessor, "activity_type"):
+        del events
+        return window_events_from_saved(results)
     kind = np.fromiter(
         map(_KIND_OF_CATEGORY.get, map(accessor.activity_type, events), repeat(_SKIPPED)), np.int8, count
     )
@@ -79,6 +86,18 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
     if not keep.all():
         columns = tuple(column[keep] for column in columns)
     return WindowEvents(names, *columns)
+
+
+def window_events_from_saved(results: Any) -> WindowEvents:
+    """torch < 2.12 does not tell an event's activity type to Python: kineto saves the window as the Chrome
+    trace it would export (`_ProfilerResult.save`) to a temporary file, read back as `summarize` reads traces."""
+    handle, name = tempfile.mkstemp(prefix="anemoi-profiler-window-", suffix=".json")
+    os.close(handle)
+    try:
+        results.save(name)
+        return read_window_events(Path(name))
+    finally:
+        os.unlink(name)
 
 
 class _NameIndex(dict[str, int]):
