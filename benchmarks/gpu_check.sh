@@ -18,7 +18,7 @@
 #                   snapshot, a requested window, a Lightning window's summary and its agreement with HTA
 #   window_summary  benchmarks/gpu_window_summary_check.py: the in-process summary of a CUDA window beside
 #                   torch's export of it, `summarize` and HTA on that export (benchmarks/hta_agreement.py)
-# Settings: PYTHON (python3), REPS (repetitions of the overhead table), SECTIONS (comma list, see run.py
+# Settings: TRIGGER_PARTS (gpu_triggers_check.py --parts), PYTHON (python3), REPS (repetitions of the overhead table), SECTIONS (comma list, see run.py
 # --help), BENCH_TIMEOUT_S (run.py is stopped after it; 280), KEEP_WORK=1 keeps the work folder.
 set -uo pipefail
 
@@ -61,7 +61,8 @@ status=0
 if [[ ",$checks," == *,triggers,* ]]; then
     note "triggers: armed cost, memory trigger, request, a Lightning window's summary"
     "$PYTHON" benchmarks/gpu_triggers_check.py "$OUT/triggers" --keep-traces "$work/lightning_traces" \
-        ${REPS:+--repetitions "$REPS"} 2>&1 | tee -a "$OUT/run.log" || status=1
+        ${REPS:+--repetitions "$REPS"} ${TRIGGER_PARTS:+--parts "$TRIGGER_PARTS"} 2>&1 | tee -a "$OUT/run.log" \
+        || status=1
     window="$(find "$work/lightning_traces" -mindepth 2 -maxdepth 2 -type d -name 'window_*' 2>/dev/null | sort | head -1)"
     [ -n "$window" ] && "$PYTHON" benchmarks/hta_agreement.py "$window" --json "$OUT/lightning_agreement.json" 2>&1 \
         | tail -25 | tee -a "$OUT/run.log"
