@@ -311,3 +311,14 @@ def _count_events(path: Path, events: list[Any], rank: int | None, world_size: A
 
 def _natural_key(relative: Path) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in _NUMBER.split(relative.as_posix())]
+
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
+
+
+def trace_rank(path: Path) -> int | None:
+    """The rank a trace names in `distributedInfo` (read from its head), else the rank in its file name."""
+    rank = rank_in_head(path)
+    if rank is None and (match := _RANK_IN_NAME.search(path.name)):
+        rank = int(match.group(1))
+    return rank

@@ -20,9 +20,8 @@ from .. import names
 from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
-from ..run import lightning_actions, trainer_info
-from ..run.eager import can_run_eagerly, eager, is_compiled
-from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
+from ..run import lightning_private, trainer_info
+from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
@@ -123,11 +122,15 @@ class ThroughputCallback(StageCallback):
                 self._flop_counter = _StepFlops()
                 timer = self.clock.gaps.loop_timer
                 if timer is not None:
-                    timer.around_next(lightning_actions.TRAINING_STEP, self._flop_counter.counting)
+                    timer.around_next(lightning_private.TRAINING_STEP, self._flop_counter.counting)
                 else:
                     self._flop_counter.start()
             elif ended and self._flop_counter is not None:
                 counter, self._flop_counter = self._flop_counter, None
+                timer = self.clock.gaps.loop_timer
+                if timer is not None and timer.cancel_around():
+                    action = lightning_private.TRAINING_STEP
+                    lightning_private.missing(f"profiler action {action!r}", "FLOPs and MFU are not assessed")
                 total = counter.stop()
                 samples = self.count_batch("train", batch)[0]
                 if samples and total:
@@ -215,7 +218,7 @@ class ThroughputCallback(StageCallback):
                 metrics[f"{prefix}/mfu"] = achieved / (self.peak_flops * len(ranks))
         return metrics
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}
@@ -240,7 +243,7 @@ class ThroughputCallback(StageCallback):
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
         epoch_start_note = self._epoch_start_figures(trainer, gathered["train"], values, summary)
         if not values or not self.session.is_global_zero:
-            return None, {}
+            return [], {}
         parallelism = self.session.parallelism
         notes = [
             f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
@@ -269,7 +272,7 @@ class ThroughputCallback(StageCallback):
                 "The model is compiled: its FLOPs were counted on the first step run eagerly (the operators the "
                 "compiled graphs compute); the rates and MFU are the compiled steps'."
             )
-        return ReportSection.key_values("Throughput", values, " ".join(notes)), summary
+        return [ReportSection.key_values("Throughput", values, " ".join(notes))], summary
 
     def _epoch_start_figures(
         self, trainer: Any, ranks: list[RankTotals], values: dict[str, tuple[Any, str]], summary: dict[str, float]
@@ -323,7 +326,7 @@ class ThroughputCallback(StageCallback):
 
 class _StepFlops:
     """Torch's FLOP counter over one training step, which runs eagerly meanwhile: under the counter, a compiled
-    model would never compile (see `run.eager`); it compiles on the next step instead, with the same graphs."""
+    model would never compile (see `run.clock.eager`); it compiles on the next step instead, with the same graphs."""
 
     def __init__(self) -> None:
         from torch.utils.flop_counter import FlopCounterMode

@@ -14,7 +14,7 @@ import torch
 from .. import names
 from ..report import MB, ReportSection
 from ..run import trainer_info
-from ..run.intervals import STAGES, Lap, RankTotals
+from ..run.clock import STAGES, Lap, RankTotals
 from ..run.rank_figures import (
     MEMORY_PEAKS,
     collective_wait_figures,
@@ -78,7 +78,7 @@ class StepTimingCallback(StageCallback):
             metrics |= collective_wait_figures(ranks) | memory_figures(ranks)
         return metrics
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
@@ -90,21 +90,23 @@ class StepTimingCallback(StageCallback):
                 values[name] = _with_unit(name, value)
         train = self.totals["train"]
         if train.elapsed_s > 0:
-            values["train/dataloader_wait_share"] = (train.wait_s / train.elapsed_s * 100, "%")
+            share = (train.wait_s / train.elapsed_s * 100, "%")
+            values["train/dataloader_wait_share"] = share if train.fetches else ("not assessed", "")
         for key, value in self.peaks.items():
             values[key.replace(names.MEMORY, "max ")] = (value, "MB")
             summary[names.summary_of(key)] = value
         if not values or not self.session.is_global_zero:
-            return None, {}
+            return [], {}
         callbacks = self.clock.gaps.callbacks_ms()
         if callbacks:
             values["other callbacks between steps (sampled)"] = (_named(callbacks), "")
-        self.session.add_section(self._ranks_section(summary, gathered["train"]))
         note = (
             "Per batch: step = the whole cadence; within it, data wait = the fetch from the dataloader, callbacks = "
             "other callbacks' batch hooks between the steps, loop = Lightning's loop between batches."
         )
-        return ReportSection.key_values("Step time and memory", values, note), summary
+        sections = [ReportSection.key_values("Step time and memory", values, note)]
+        ranks = self._ranks_section(summary, gathered["train"])
+        return sections + ([ranks] if ranks is not None else []), summary
 
     def _ranks_section(self, summary: dict[str, float], train: list[RankTotals]) -> ReportSection | None:
         """How ranks share the work and who waits for whom, with host names; data the diagnosis reads too."""

@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..analysis.preflight import NoTracesError, find_window_dirs, trace_files_in, window_name
-from ..analysis.trace_stream import TraceReadError, read_window_events, trace_rank
+from ..analysis.preflight import NoTracesError, find_window_dirs, trace_files_in, trace_rank, window_name
+from ..profiling.trace_stream import TraceReadError, read_window_events
 from ..profiling.window_summary import WindowSummary, summarize
 from ..profiling.window_table import WindowTable
 

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from ..profiling.window_events import WindowEvents, WindowEventsBuilder
-from .preflight import rank_in_head
+from .window_events import WindowEvents, WindowEventsBuilder
 
 _CHUNK_CHARS = 1 << 20
 _EVENTS_KEY = '"traceEvents"'
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 _SKIP = " \t\r\n,"
 
 
@@ -79,11 +76,3 @@ def read_window_events(path: Path) -> WindowEvents:
     except (OSError, EOFError, UnicodeDecodeError) as error:
         raise TraceReadError(f"{path}: unreadable ({type(error).__name__}: {error})") from error
     return builder.build()
-
-
-def trace_rank(path: Path) -> int | None:
-    """The rank a trace names in `distributedInfo` (read from its head), else the rank in its file name."""
-    rank = rank_in_head(path)
-    if rank is None and (match := _RANK_IN_NAME.search(path.name)):
-        rank = int(match.group(1))
-    return rank
