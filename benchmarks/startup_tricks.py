@@ -53,7 +53,7 @@ from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.startup import WITHOUT_VARIABLE
 
 SENDER_TRICKS = ("prestart", "kept_sender", "leave_out_imports", "gc_freeze")
-HOT_PATH_TRICKS = ("hooks_none", "clock_hooks")
+HOT_PATH_TRICKS = ("hooks_none",)
 GROUPS = {"startup": SENDER_TRICKS, "hot_path": HOT_PATH_TRICKS}
 STEADY_MS = 50.0
 STEADY_WARMUP = 20

@@ -1,10 +1,10 @@
 """The base of callbacks that turn the session's training and validation intervals into metrics.
 
-Every such callback of a session listens to one `StageClock`. The first to start drives it from its batch
-hooks (the clock's own methods: `tracking.startup.drive_hooks`); the others have none, and only receive laps
-(see `stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the
-driving (logged once); one in the driving callback's other hooks disables that callback's own metrics but
-leaves the clock running for the others, and in step with the other ranks' exchanges.
+Every such callback of a session listens to one `StageClock`. The first to start drives it from its four batch
+hooks, which call the clock; the others' do nothing, and they only receive laps (see `stage_clock`); subclasses
+therefore define none of the four. An error in the driving hooks stops the driving (logged once); one in the
+driving callback's other hooks disables that callback's own metrics but leaves the clock running for the others,
+and in step with the other ranks' exchanges.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 from ..reports.step_series import CHECKPOINT
 from ..run.clock import Lap, LoopTimer, RankTotals, StageMeter
-from ..tracking import startup
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
@@ -30,8 +29,30 @@ _DRIVING_HOOKS = (
 
 class StageCallback(ProfilerCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        startup.undriven_hooks(self, _DRIVING_HOOKS)  # a callback that drove an earlier run's clock: not this one's
+        self.drives = False  # a callback that drove an earlier run's clock: not this one's, yet
+        for hook in _DRIVING_HOOKS:
+            vars(self).pop(hook, None)  # hooks an earlier run's failure took off
         super().setup(trainer, pl_module, stage)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.drives:
+            self.clock.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.drives:
+            self.clock.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.drives:
+            self.clock.on_validation_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.drives:
+            self.clock.on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         clock = self.session.stage_clock
@@ -47,7 +68,6 @@ class StageCallback(ProfilerCallback):
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
             clock.hook_failed = self._driving_hook_failed
-            startup.drive_hooks(self, clock, _DRIVING_HOOKS)
 
     def _driving_hook_failed(self, hook: str, error: Exception) -> None:
         for name in _DRIVING_HOOKS:

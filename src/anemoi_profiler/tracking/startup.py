@@ -29,11 +29,11 @@ def uses(trick: str) -> bool:
 
 # ---- the MLflow sender waiting for this process's next run ----
 # kept_sender: a run that ends well keeps its sender, MLflow imported, for the process's next run (a
-# `trainer.test()` after the fit, the next fit of a notebook): that run's `fit()` returns about 4 s sooner on
-# 2 loaded cores (`startup_tricks.py --settings later_run`).
+# `trainer.test()` after the fit, the next fit of a notebook): that run's `fit()` returns 1.7 s sooner on 2
+# shared cores (`startup_tricks.py --settings later_run`).
 # prestart: the sender starts when the callbacks are made (`ProfilerSession`), so that it imports MLflow while
-# a script that builds its callbacks first (as anemoi-training does) builds its model and data; what a short
-# first run's end then no longer waits for (`--settings callbacks_first`; not resolved on 2 loaded cores).
+# the script builds its model, data and Trainer: a short first run's `fit()` returns 0.5 s sooner, 1 s with the
+# callbacks made 2 s before the Trainer, as anemoi-training does (`--settings end,callbacks_first`).
 _waiting: Sender | None = None
 _waiting_lock = threading.Lock()
 
@@ -120,35 +120,10 @@ def collector_paused_and_frozen() -> Iterator[None]:
 # ---- the training's hot path ----
 def skip_unused_hooks(callback: Any, base: type, hooks: tuple[str, ...]) -> None:
     """hooks_none: Lightning calls every callable hook of every callback every batch (inside its profiler's
-    context); one set to None on the instance it skips. Buys about 65 µs a batch (`startup_tricks.py --settings
-    probe`): 0.04 % of a 50 ms step, but over 1 % of the 5 ms step that holds the early-steps figure (≤ 1 %)."""
+    context); one set to None on the instance it skips. Buys 25 µs a batch (`startup_tricks.py --settings probe`):
+    0.04 % of a 50 ms step, but half a point of the 4-5 ms step of the early-steps figure (≤ 1 %), which it holds."""
     if not uses("hooks_none"):
         return
     for hook in hooks:
         if getattr(type(callback), hook) is getattr(base, hook):
             setattr(callback, hook, None)
-
-
-def undriven_hooks(callback: Any, hooks: tuple[str, ...]) -> None:
-    """A stage callback's batch hooks before it drives the clock: none, so Lightning does not call it. Without
-    `clock_hooks`: hooks that call the clock while the callback drives it, as methods on its class would."""
-    for hook in hooks:
-        setattr(callback, hook, None if uses("clock_hooks") else _calling_the_clock(callback, hook))
-
-
-def drive_hooks(callback: Any, clock: Any, hooks: tuple[str, ...]) -> None:
-    """clock_hooks: the driving callback's batch hooks are the clock's own methods, put on its instance, so that
-    Lightning calls the clock with nothing in between and the other stage callbacks not at all. Buys about
-    25 µs a batch (`startup_tricks.py --settings probe`): 0.01 % of a 50 ms step, but half a point of the 5 ms
-    step's early-steps figure (≤ 1 %), more than its margin."""
-    if uses("clock_hooks"):
-        for hook in hooks:
-            setattr(callback, hook, getattr(clock, hook))
-
-
-def _calling_the_clock(callback: Any, hook: str) -> Callable[..., None]:
-    def call(*args: Any) -> None:
-        if getattr(callback, "drives", False) and not callback.disabled:
-            getattr(callback.clock, hook)(*args)
-
-    return call
