@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,16 +18,35 @@ import torch
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE, run_folders, spool_dirs, trace_path
+from anemoi_profiler.layout import (
+    CONFIG_FILE,
+    ENVIRONMENT_FILE,
+    REQUEST_FILE,
+    WINDOWS_FILE,
+    run_folders,
+    spool_dirs,
+    trace_path,
+)
 from anemoi_profiler.profiling.traces import read_trace
 from anemoi_profiler.reports.description import run_description
 from anemoi_profiler.reports.diagnosis import assess
 from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.tracking.spool import read_run_info
-from tests.helpers.jobs import JOB_TIMEOUT_S, example, only_run, only_run_folder, run_jobs, run_ok, trace_ranks
+from anemoi_profiler.triggers.requests import read_request
+from tests.helpers.jobs import (
+    JOB_TIMEOUT_S,
+    example,
+    free_port,
+    only_run,
+    only_run_folder,
+    run_jobs,
+    run_ok,
+    trace_ranks,
+)
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 STEP_SLEEP_S = 0.02
+REQUEST_RANKS_JOB = Path(__file__).resolve().parent / "helpers" / "request_ranks_job.py"
 LOG_EVERY = 20
 
 
@@ -179,7 +199,7 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
-    [(["--steps=0"], "--steps: got 0"), (["--ranks=0,x"], "--ranks: got '0,x'"), (["--ranks=60"], "--ranks: got [60]")],
+    [(["--steps=0"], "--steps: got 0"), (["--ranks=0,x"], "--ranks: got '0,x'"), (["--ranks=-1"], "--ranks: got [-1]")],
 )
 def test_request_refuses_bad_input_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
@@ -188,6 +208,24 @@ def test_request_refuses_bad_input_with_one_line(
     assert main(["request", str(tmp_path), *arguments]) == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / REQUEST_FILE).exists()
+
+
+def test_request_refuses_ranks_the_job_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / CONFIG_FILE).write_text("{}\n")
+    (tmp_path / ENVIRONMENT_FILE).write_text(json.dumps({"world_size": 1200}))
+    assert main(["request", str(tmp_path), "--ranks=0,1200"]) == 1
+    assert "--ranks: got [0, 1200], the job has 1200 ranks (0 to 1199)" in capsys.readouterr().err
+    assert main(["request", str(tmp_path), "--ranks=0,777,1199"]) == 0
+    assert read_request(tmp_path).ranks == [0, 777, 1199]
+
+
+def test_a_request_names_any_rank_of_a_large_job_without_growing_the_exchange(tmp_path: Path) -> None:
+    """Rank 0 broadcasts the named ranks once, on the profiler's real gloo group; the interval exchange carries
+    only how many (the first three processes of a 1,200-rank job: see the helper)."""
+    port = str(free_port())
+    jobs = [[sys.executable, str(REQUEST_RANKS_JOB), str(rank), port, "1200", str(tmp_path)] for rank in range(3)]
+    for returncode, output in run_jobs(jobs, tmp_path):
+        assert returncode == 0, output[-3000:]
 
 
 def test_request_refuses_a_folder_that_is_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
