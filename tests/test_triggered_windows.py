@@ -163,8 +163,9 @@ def test_window_marks_sit_on_the_optimizer_step_with_gradient_accumulation(tmp_p
 
 
 def test_a_fit_whose_memory_climbs_gets_a_memory_window_not_assessed_on_cpu(tmp_path: Path) -> None:
+    # 1 %: 100 MB is 5 % of this process only while it holds under 2 GB, less late in a whole test session
     overrides = ["log_every_n_steps=5", "triggers.drift=false", "triggers.requests=false"]
-    run_dir = triggered_fit(tmp_path, GrowingModel(), 60, *overrides)
+    run_dir = triggered_fit(tmp_path, GrowingModel(), 60, *overrides, "triggers.min_memory_growth=0.01")
 
     (window,) = windows(run_dir)
     assert window["reason"] == "memory" and window["ranks"] == [0]
@@ -172,7 +173,7 @@ def test_a_fit_whose_memory_climbs_gets_a_memory_window_not_assessed_on_cpu(tmp_
     assert evidence["statistic"].startswith("peak memory (MB) after 5 rising intervals")
     # RSS (no GPU): 5 intervals of 5 steps, 4 MB kept per step
     assert evidence["value"] - evidence["baseline_median"] >= 0.8 * 5 * 5 * 4
-    assert evidence["value"] > evidence["threshold"] >= 1.05 * evidence["baseline_median"]
+    assert evidence["value"] > evidence["threshold"] >= 1.01 * evidence["baseline_median"]
     assert window["memory_snapshot"] == "not assessed: a CUDA memory snapshot needs a CUDA device, this run is on cpu"
     assert trace_path(run_dir, "train", window["window"], 0).is_file()
     report = json.loads((run_dir / "report.json").read_text())["sections"]["Profiling windows"]
