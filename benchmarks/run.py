@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = MODES[(mode_name, device)]
     if args.repetitions:
         mode = Mode(**{**asdict(mode), "repetitions": args.repetitions})
+    if args.measured:
+        mode = Mode(**{**asdict(mode), "measured": args.measured})
     if args.hta_ranks:
         mode = Mode(**{**asdict(mode), "hta_ranks": tuple(int(count) for count in args.hta_ranks.split(","))})
     sections = set(args.sections.split(",")) if args.sections else set(SECTIONS)
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if "overhead" in sections:
 
             def run_overhead() -> dict[str, Any]:
-                table, done = overhead(bench, mode.repetitions, mode.warm_up)
+                table, done = overhead(bench, mode.repetitions, mode.warm_up, args.configurations)
                 fits.extend(done)
                 return table
 
@@ -336,6 +338,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", help="folder for run folders, traces and stores (default: a new temp dir)")
     parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--repetitions", type=int, help="override the mode's repetitions of the overhead table")
+    parser.add_argument("--measured", type=int, help="override the mode's measured batches per fit")
+    parser.add_argument("--configurations", type=lambda text: text.split(";"), help="';'-separated subset (and bare)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1: less noise)")
     parser.add_argument("--delay-s", type=float, default=0.1, help="delay the proxy adds to every MLflow request")
     parser.add_argument("--fixture", help="trace copied per rank for the HTA section")

@@ -33,16 +33,28 @@ from slow_proxy import DelayingProxy, MlflowServer
 
 ALWAYS_ON = "ours: always-on"
 DETAILED = "ours: detailed preset"
+SIMPLE = "ours: simple preset"
+ARMED = "ours: simple preset, triggers armed"
 
 
-def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[dict[str, Any], list[FitResult]]:
-    """Step time of every configuration as a ratio to `bare` of the same repetition, configurations interleaved.
+def overhead(
+    bench: Bench, repetitions: int, warm_up: Sequence[str], only: Sequence[str] | None = None
+) -> tuple[dict[str, Any], list[FitResult]]:
+    """Step time of every configuration (or of `only` ones, and `bare`) as a ratio to `bare` of the same
+    repetition, configurations interleaved.
 
     Each repetition runs every configuration once, in an order rotated by one per repetition, so that slow
     drifts of the machine's load hit every configuration alike. `warm_up` configurations run once, untimed,
     before the first repetition (process warmup: imports, CUDA context, the sqlite schema).
     """
-    names = [name for name in CONFIGURATIONS if OURS_AVAILABLE or name not in OUR_CONFIGURATIONS]
+    unknown = sorted(set(only or ()) - set(CONFIGURATIONS))
+    if unknown:
+        raise ValueError(f"unknown configurations {unknown}; known: {list(CONFIGURATIONS)}")
+    names = [
+        name
+        for name in CONFIGURATIONS
+        if (OURS_AVAILABLE or name not in OUR_CONFIGURATIONS) and (only is None or name in only or name == "bare")
+    ]
     absent = missing("anemoi_profiler", "omegaconf", "torchinfo")
     notes = [] if OURS_AVAILABLE else [f"our configurations skipped: cannot import {', '.join(absent)}"]
     if OURS_AVAILABLE and not SINK_AVAILABLE:
@@ -77,7 +89,42 @@ def overhead(bench: Bench, repetitions: int, warm_up: Sequence[str]) -> tuple[di
     }
     if DETAILED in fits and ALWAYS_ON in fits and "bare (control)" in fits:
         result["outside_windows"] = _outside_windows(bench, fits)
+    if ARMED in fits and SIMPLE in fits and "bare (control)" in fits:
+        result["triggers_armed"] = _triggers_armed(fits)
     return result, [fit for name in names for fit in fits[name]]
+
+
+def _triggers_armed(fits: dict[str, list[FitResult]]) -> dict[str, Any]:
+    """The simple preset with triggers armed (none fires) against the simple preset, per repetition.
+
+    Per fit, the median and the 10th percentile of its batch times, in wall time and in the training thread's
+    CPU time (what the armed hooks add, without the preemption of a busy machine; the low percentile leaves out
+    batches that other processes slowed too); per repetition their ratio. The control is the same ratio of the
+    bare control to bare: the armed cost is resolved where it stands out of the control's spread.
+    """
+    times: dict[str, Callable[[FitResult], list[float]]] = {
+        "wall": lambda fit: fit.step_times_ms,
+        "cpu": lambda fit: fit.extras["step_cpu_times_ms"],
+    }
+    statistics_ms: dict[str, Callable[[list[float]], float]] = {
+        "median": statistics.median,
+        "p10": lambda values: statistics.quantiles(values, n=10)[0],
+    }
+    result: dict[str, Any] = {}
+    for clock, batch_ms in times.items():
+        for name, statistic in statistics_ms.items():
+            per_fit = {config: [statistic(batch_ms(fit)) for fit in fits[config]] for config in fits}
+            result[f"{clock}_{name}"] = {
+                "ratio_to_simple": _ratios(per_fit[ARMED], per_fit[SIMPLE]),
+                "control_ratio": _ratios(per_fit["bare (control)"], per_fit["bare"]),
+                "simple_step_ms": statistics.median(per_fit[SIMPLE]),
+            }
+    return result
+
+
+def _ratios(values: list[float], references: list[float]) -> dict[str, float]:
+    """The spread of each repetition's ratio."""
+    return spread([value / reference for value, reference in zip(values, references, strict=True)])
 
 
 def _outside_windows(bench: Bench, fits: dict[str, list[FitResult]]) -> dict[str, Any]:

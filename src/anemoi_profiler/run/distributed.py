@@ -73,6 +73,22 @@ class RankExchange:
             return [text]
         return [str(value) for value in texts]
 
+    def broadcast_text(self, text: str) -> str | None:
+        """Rank 0's `text` on every rank (a collective; once per request, never per step), or None once the
+        exchange has failed or closed."""
+        if self.world_size == 1:
+            return text
+        if self._group is None:
+            return None
+        sent: list[Any] = [text]
+        try:
+            dist.broadcast_object_list(sent, src=0, group=self._group)
+        except Exception as error:  # as in `gather`: stop exchanging, keep training
+            self._group = None
+            log.warning("anemoi-profiler: rank %d could not receive rank 0's text: %s", self.rank, error)
+            return None
+        return str(sent[0])
+
     def close(self) -> None:
         """Destroy the group after the last exchange; its threads are joined here, not at interpreter exit.
 

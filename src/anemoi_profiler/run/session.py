@@ -162,7 +162,9 @@ class ProfilerSession:
             return
         self.run_dir = Path(shared)
         if self.config.triggers.enabled:
-            self.triggers = TriggerWatch.of_config(self.config, self.world_size, self.global_rank, self.run_dir)
+            self.triggers = TriggerWatch.of_config(
+                self.config, self.world_size, self.global_rank, self.run_dir, self.exchange
+            )
             self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer, environment)

@@ -105,7 +105,7 @@ class RankTotals:
     requested_steps: float = 0.0
     """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
     requested_ranks: float = 0.0
-    """Its ranks as a bit mask; 0: the configured profiled ranks."""
+    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
     requested_memory: float = 0.0
     """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
     windows_ready: float = 0.0
