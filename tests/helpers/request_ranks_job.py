@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
-from anemoi_profiler.run.intervals import RankTotals
 
 from anemoi_profiler import ProfilerConfig
+from anemoi_profiler.run.clock import RankTotals
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.triggers import TriggerWatch
 from anemoi_profiler.triggers.requests import new_request, write_request
