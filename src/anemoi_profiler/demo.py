@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover
 
 from .build import build_callbacks
 from .config import ConfigError, ProfilerConfig
-from .tracking.mlflow_target import EXPERIMENT_TAGS
+from .tracking.mlflow_target import experiment_id
 from .tracking.uris import artifact_location_for, resolve_tracking_uri
 
 
@@ -74,21 +74,6 @@ def tokens_in_batch(batch: Any) -> int:
     return batch[0].numel()
 
 
-def _create_experiment(tracking_uri: str, name: str) -> None:
-    """Create the demo's experiment before its logger does, with the tags of the experiments the profiler creates
-    (MLflow's model-training kind); an existing one is left as it is."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    if client.get_experiment_by_name(name) is None:
-        try:
-            client.create_experiment(name, artifact_location_for(tracking_uri), tags=EXPERIMENT_TAGS)
-        except MlflowException:
-            if client.get_experiment_by_name(name) is None:  # not another job a moment ago: a real error
-                raise
-
-
 def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32, slow_data: bool = False) -> Any:
     """Train the demo model with the profiler callbacks and an MLFlowLogger on the same tracking store."""
     # First, as the README advises: the MLflow sender imports MLflow while the data and the logger are made.
@@ -102,8 +87,11 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ConfigError(f"output_dir {config.output_dir} cannot be created: {error.strerror or error}") from None
+        from mlflow.tracking import MlflowClient
+
         tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
-        _create_experiment(tracking_uri, config.tracking.experiment)
+        # Made before the logger does, so that it is made as the profiler's own experiments are (their tags).
+        experiment_id(MlflowClient(tracking_uri), tracking_uri, config.tracking.experiment)
         logger = MLFlowLogger(
             experiment_name=config.tracking.experiment,
             tracking_uri=tracking_uri,
