@@ -15,8 +15,8 @@ try:
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import MLFlowLogger
 except ImportError:  # pragma: no cover
-    import pytorch_lightning as pl
-    from pytorch_lightning.loggers import MLFlowLogger
+    import pytorch_lightning as pl  # type: ignore[no-redef]  # checked against lightning's
+    from pytorch_lightning.loggers import MLFlowLogger  # type: ignore[assignment]
 
 from .build import build_callbacks
 from .config import ConfigError, ProfilerConfig
@@ -66,7 +66,7 @@ class DemoTransformer(pl.LightningModule):
         self.log("val/loss", nn.functional.mse_loss(self(tokens), target))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
 
 
 def tokens_in_batch(batch: Any) -> int:
@@ -100,7 +100,7 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
         )
     trainer = pl.Trainer(
         max_steps=max_steps,
-        callbacks=callbacks,
+        callbacks=[*callbacks],  # as a list of Lightning's `Callback`, the type Trainer asks for
         logger=logger,
         accelerator="auto",
         devices=1,
