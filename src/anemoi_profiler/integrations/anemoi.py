@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_callbacks
 from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
@@ -68,7 +68,8 @@ class AnemoiProfiler(Callback):
         if preset not in PRESETS:
             raise ConfigError(f"preset {preset!r}: not a preset (presets: {', '.join(PRESETS)})")
         tree = OmegaConf.merge(OmegaConf.load(preset_path(preset)), OmegaConf.create(dict(config or {})))
-        self.config = ProfilerConfig.load(OmegaConf.to_container(tree, resolve=True), list(overrides))
+        assert isinstance(tree, DictConfig)  # merged from two mappings
+        self.config = ProfilerConfig.load(tree, list(overrides))
         self.members: list[ProfilerCallback] = []
         for hook in PER_BATCH_HOOKS:  # it measures nothing itself: Lightning need not call it every batch
             setattr(self, hook, None)

@@ -30,8 +30,8 @@ class RankExchange:
         """With `timeout_s`, join the job's ranks (a collective: every rank must call it); without, stay local."""
         self.world_size = 1
         self.rank = 0
-        self._group: object | None = None  # None once an exchange failed or the exchange was closed
-        self._owned: object | None = None  # the group to destroy at `close`, whatever happened to the exchanges
+        self._group: dist.ProcessGroup | None = None  # None once an exchange failed or the exchange was closed
+        self._owned: dist.ProcessGroup | None = None  # the group to destroy at `close`, whatever the exchanges did
         if timeout_s is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.world_size = dist.get_world_size()
             self.rank = dist.get_rank()

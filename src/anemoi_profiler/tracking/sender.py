@@ -252,7 +252,7 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
 def _spawn_here(store_module: str | None, idle_exit_s: float) -> tuple[subprocess.Popen[str], IO[str]]:
     read_end, write_end = os.pipe()
     try:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # type: ignore[call-overload]  # mypy cannot match the `**` process_group
             [
                 sys.executable,
                 "-m",

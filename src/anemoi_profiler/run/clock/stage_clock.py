@@ -79,7 +79,7 @@ class StageClock:
         self.listeners: list[Listener] = []
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
-        self._count = self._count_all
+        self._count: Callable[[str, Any], tuple[int, int]] = self._count_all
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self._epoch_starting = False
