@@ -62,7 +62,8 @@ def test_hydra_example_takes_the_group_and_command_line_overrides(
         omegaconf23_env, tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert {path.name for path in tmp_path.iterdir()} <= {"mlflow.db", "out"}  # no outputs/: Hydra's record is in out/
+    # The store this test chose, with its artifacts beside it, and paths.output: no outputs/, Hydra's record is in out/
+    assert {path.name for path in tmp_path.iterdir()} <= {"mlflow.db", "mlartifacts", "out"}
     assert list((tmp_path / "out" / "hydra").glob("*/.hydra/config.yaml"))
 
     (folder,) = run_folders(tmp_path / "out" / "profiler")  # ${paths.output}/profiler, resolved
