@@ -12,6 +12,12 @@
 # skipped with a note in results.json. Results go to $OUT (default ./benchmark_out): results.json,
 # run.log and a few report files, at most one folder deep.
 #
+# CHECKS (comma list; default bench,triggers,window_summary; a dry run does bench only):
+#   bench           benchmarks/run.py: the overhead table, throughput accuracy, traces, reports, HTA, detailed
+#   triggers        benchmarks/gpu_triggers_check.py: armed-trigger cost, a memory-triggered window's CUDA
+#                   snapshot, a requested window, a Lightning window's summary and its agreement with HTA
+#   window_summary  benchmarks/gpu_window_summary_check.py: the in-process summary of a CUDA window beside
+#                   torch's export of it, `summarize` and HTA on that export (benchmarks/hta_agreement.py)
 # Settings: PYTHON (python3), REPS (repetitions of the overhead table), SECTIONS (comma list, see run.py
 # --help), BENCH_TIMEOUT_S (run.py is stopped after it; 280), KEEP_WORK=1 keeps the work folder.
 set -uo pipefail
@@ -49,21 +55,41 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/anemoi-gpu-check-XXXXXX")"
 [ -n "${REPS:-}" ] && args+=(--repetitions "$REPS")
 [ -n "${SECTIONS:-}" ] && args+=(--sections "$SECTIONS")
+if [ "${DRY_RUN:-0}" = "1" ]; then checks="${CHECKS:-bench}"; else checks="${CHECKS:-bench,triggers,window_summary}"; fi
+status=0
 
-timeout --signal=INT --kill-after=20 "${BENCH_TIMEOUT_S:-280}" \
-    "$PYTHON" benchmarks/run.py "${args[@]}" --out "$OUT/results.json" --work-dir "$work" 2>&1 \
-    | tee -a "$OUT/run.log"
-status=${PIPESTATUS[0]}
-[ "$status" = 124 ] && note "run.py stopped after ${BENCH_TIMEOUT_S:-280} s; results.json holds the sections it finished"
+if [[ ",$checks," == *,triggers,* ]]; then
+    note "triggers: armed cost, memory trigger, request, a Lightning window's summary"
+    "$PYTHON" benchmarks/gpu_triggers_check.py "$OUT/triggers" --keep-traces "$work/lightning_traces" \
+        ${REPS:+--repetitions "$REPS"} 2>&1 | tee -a "$OUT/run.log" || status=1
+    window="$(find "$work/lightning_traces" -mindepth 2 -maxdepth 2 -type d -name 'window_*' 2>/dev/null | sort | head -1)"
+    [ -n "$window" ] && "$PYTHON" benchmarks/hta_agreement.py "$window" --json "$OUT/lightning_agreement.json" 2>&1 \
+        | tail -25 | tee -a "$OUT/run.log"
+fi
 
-# A few files of the detailed preset's run folder, for reading without the work folder.
-run_dir="$(find "$work/runs" -maxdepth 1 -mindepth 1 -type d 2>/dev/null | sort | while read -r d; do
-    [ -f "$d/memory_report.txt" ] && [ -f "$d/model_summary.txt" ] && echo "$d"; done | tail -1)"
-if [ -n "$run_dir" ]; then
-    for name in report.txt memory_report.txt time_report.csv; do
-        [ -f "$run_dir/$name" ] && cp "$run_dir/$name" "$OUT/detailed_$name"
-    done
-    [ -f "$run_dir/hta/summary.json" ] && cp "$run_dir/hta/summary.json" "$OUT/detailed_hta_summary.json"
+if [[ ",$checks," == *,window_summary,* ]]; then
+    note "window_summary: in process beside torch's export, summarize and HTA"
+    "$PYTHON" benchmarks/gpu_window_summary_check.py "$OUT/ws" 2>&1 | tee -a "$OUT/run.log" || status=1
+    "$PYTHON" benchmarks/hta_agreement.py "$OUT/ws" --json "$OUT/ws_agreement.json" 2>&1 | tee -a "$OUT/run.log"
+fi
+
+if [[ ",$checks," == *,bench,* ]]; then
+    timeout --signal=INT --kill-after=20 "${BENCH_TIMEOUT_S:-280}" \
+        "$PYTHON" benchmarks/run.py "${args[@]}" --out "$OUT/results.json" --work-dir "$work" 2>&1 \
+        | tee -a "$OUT/run.log"
+    bench_status=${PIPESTATUS[0]}
+    [ "$bench_status" = 124 ] && note "run.py stopped after ${BENCH_TIMEOUT_S:-280} s; results.json holds the sections it finished"
+    [ "$bench_status" != 0 ] && status=$bench_status
+
+    # A few files of the detailed preset's run folder, for reading without the work folder.
+    run_dir="$(find "$work/runs" -maxdepth 1 -mindepth 1 -type d 2>/dev/null | sort | while read -r d; do
+        [ -f "$d/memory_report.txt" ] && [ -f "$d/model_summary.txt" ] && echo "$d"; done | tail -1)"
+    if [ -n "$run_dir" ]; then
+        for name in report.txt memory_report.txt time_report.csv; do
+            [ -f "$run_dir/$name" ] && cp "$run_dir/$name" "$OUT/detailed_$name"
+        done
+        [ -f "$run_dir/hta/summary.json" ] && cp "$run_dir/hta/summary.json" "$OUT/detailed_hta_summary.json"
+    fi
 fi
 if [ "${KEEP_WORK:-0}" = "1" ]; then note "work folder kept: $work"; else rm -rf "$work"; fi
 exit "$status"

@@ -29,6 +29,20 @@ from anemoi_profiler.profiling.window_summary import summarize
 from anemoi_profiler.profiling.window_table import WindowTable
 
 
+def describe_events(events: list) -> dict:
+    """Kineto's activity types and how many events of each; where this torch has no `activity_type()`, what
+    else tells the kinds apart (device type, user annotation, correlation ids, name prefix)."""
+    if events and hasattr(events[0], "activity_type"):
+        return {"activity_type": Counter(event.activity_type() for event in events)}
+    kinds = Counter(
+        f"{event.device_type()} annotation={event.is_user_annotation()} corr={event.correlation_id() > 0} "
+        f"linked={event.linked_correlation_id() > 0} {event.name()[:12]}"
+        for event in events
+    )
+    methods = [name for name in dir(events[0]) if not name.startswith("_")] if events else []
+    return {"no_activity_type": dict(kinds.most_common(60)), "methods": methods}
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda().bfloat16()
@@ -38,14 +52,13 @@ def main(out: Path) -> None:
 
     def on_trace_ready(prof: profile) -> None:
         results = prof.profiler.kineto_results
+        (out / "categories.json").write_text(json.dumps(describe_events(results.events()), indent=1))
         started = time.perf_counter()
         summary = summarize(window_events_from_kineto(results))
         seconds = time.perf_counter() - started
         table = WindowTable.of({0: summary}).to_json()
         table["seconds"] = seconds
         (out / "in_process.json").write_text(json.dumps(table, indent=1))
-        categories = Counter(event.activity_type() for event in results.events())
-        (out / "categories.json").write_text(json.dumps(categories, indent=1))
         exported = out / "rank0.pt.trace.json"
         prof.export_chrome_trace(str(exported))
         with exported.open("rb") as plain, gzip.open(out / "rank0.pt.trace.json.gz", "wb") as packed:

@@ -22,7 +22,7 @@ from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.run.loop_timer import LoopTimer
+from anemoi_profiler.run.clock import LoopTimer
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 BUSY_S = 0.025

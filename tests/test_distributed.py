@@ -20,9 +20,8 @@ import torch
 
 from anemoi_profiler import ProfilerConfig, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.run.clock import RankTotals, StageClock
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
-from anemoi_profiler.run.intervals import RankTotals
-from anemoi_profiler.run.stage_clock import StageClock
 from tests.helpers.jobs import (
     BATCH_SIZE,
     FAST,

@@ -25,8 +25,7 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.run import intervals
-from anemoi_profiler.run.intervals import RankTotals, StageMeter
+from anemoi_profiler.run.clock import RankTotals
 from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, example, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, trainer
 from tests.test_distributed import rank_0_of_two
@@ -195,52 +194,6 @@ def test_validation_between_epochs_is_not_counted_as_an_epoch_start(tmp_path: Pa
     )
     assert figures["train/epoch_start_s"] < starts * (WORKER_START_S + VAL_WORKER_START_S)
     assert figures["val/step_ms"] > 0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_paused_meter_keeps_the_epoch_start_out_of_its_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = FakeClock()
-    monkeypatch.setattr(intervals.time, "perf_counter", clock)
-    meter = StageMeter(torch.device("cpu"))
-    meter.resume()  # nothing paused: nothing happens
-    meter.start()
-    clock.now += 1.0
-    meter.count(4, 0)
-    meter.pause()  # an epoch starts
-    clock.now += 5.0
-    meter.pause()  # a second pause while paused changes nothing
-    meter.resume()  # its first batch
-    clock.now += 2.0
-    meter.count(4, 0)
-    meter.lap(step=2)
-    (lap,) = meter.take(keep_newest=False)
-
-    assert (lap.measured_s(), lap.epoch_start_s(), len(lap.epoch_starts)) == (3.0, 5.0, 1)
-    totals = RankTotals.of_lap(lap, lap.measured_s())
-    assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts, totals.batches) == (3.0, 5.0, 1.0, 2.0)
-
-
-def test_an_epoch_start_without_a_batch_yet_waits_for_the_next_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = FakeClock()
-    monkeypatch.setattr(intervals.time, "perf_counter", clock)
-    meter = StageMeter(torch.device("cpu"))
-    meter.start()
-    meter.pause()
-    clock.now += 1.0
-    meter.resume()
-    meter.lap(step=0)  # no batch counted: no lap, the epoch start stays
-    clock.now += 1.0
-    meter.count(1, 0)
-    meter.lap(step=1)
-    (lap,) = meter.take(keep_newest=False)
-    assert (lap.epoch_start_s(), lap.batches) == (1.0, 1)
 
 
 @pytest.mark.slow

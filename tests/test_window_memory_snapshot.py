@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.run.intervals import RankTotals
+from anemoi_profiler.run.clock import RankTotals
 from anemoi_profiler.run.triggers import TriggerWatch, window_entries, windows_section
 
 

@@ -1,5 +1,5 @@
 """Two marks in the trainer's callback list, first and last, so the stage clock sees where other callbacks' batch
-hooks begin and end (see `run.batch_gaps`).
+hooks begin and end (see `run.clock.batch_gaps`).
 
 Lightning runs every callback's `on_train_batch_start` in list order, then the step, then every callback's
 `on_train_batch_end` (with `ModelCheckpoint` moved last). Ours can sit anywhere in the list; the marks, put
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..run.batch_gaps import BatchGaps
+from ..run.clock import BatchGaps
 from .base import PER_BATCH_HOOKS, Callback
 
 

@@ -8,7 +8,7 @@ precision context. Afterwards every submodule's train/eval flag and the CPU and 
 dtypes and devices are never changed (torchinfo is always given the input, so it moves nothing), no
 gradients are made and torchinfo's hooks are removed. State a forward pass mutates by itself, outside
 parameters, BatchNorm-style buffers and the RNG (counters, caches, `self.log`), is not rolled back. A
-compiled model runs it eagerly (`run.eager`): it adds no graph, recompile or graph break to the training's.
+compiled model runs it eagerly (`run.clock.eager`): it adds no graph, recompile or graph break to the training's.
 
 How the model is called from a batch (the first call that matches `forward`'s signature and runs wins):
 - `input_fn(batch)` when given: a tuple is passed as positional arguments, a dict as keyword arguments,
@@ -41,7 +41,7 @@ from ..config import ConfigSource, ProfilerConfig
 from ..layout import MODEL_SUMMARY_FILE
 from ..report import ReportSection
 from ..run import trainer_info
-from ..run.eager import eager
+from ..run.clock import eager
 from ..run.parallelism import GROUP_ATTRIBUTES, Parallelism
 from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded

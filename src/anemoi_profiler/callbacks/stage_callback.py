@@ -14,8 +14,7 @@ import logging
 from typing import Any
 
 from ..reports.step_series import CHECKPOINT
-from ..run.intervals import Lap, RankTotals, StageMeter
-from ..run.loop_timer import LoopTimer
+from ..run.clock import Lap, LoopTimer, RankTotals, StageMeter
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 

@@ -20,9 +20,8 @@ from .. import names
 from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
-from ..run import lightning_actions, trainer_info
-from ..run.eager import can_run_eagerly, eager, is_compiled
-from ..run.intervals import STAGES, Lap, RankTotals, batch_size_of
+from ..run import lightning_private, trainer_info
+from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
@@ -123,11 +122,15 @@ class ThroughputCallback(StageCallback):
                 self._flop_counter = _StepFlops()
                 timer = self.clock.gaps.loop_timer
                 if timer is not None:
-                    timer.around_next(lightning_actions.TRAINING_STEP, self._flop_counter.counting)
+                    timer.around_next(lightning_private.TRAINING_STEP, self._flop_counter.counting)
                 else:
                     self._flop_counter.start()
             elif ended and self._flop_counter is not None:
                 counter, self._flop_counter = self._flop_counter, None
+                timer = self.clock.gaps.loop_timer
+                if timer is not None and timer.cancel_around():
+                    action = lightning_private.TRAINING_STEP
+                    lightning_private.missing(f"profiler action {action!r}", "FLOPs and MFU are not assessed")
                 total = counter.stop()
                 samples = self.count_batch("train", batch)[0]
                 if samples and total:
@@ -324,7 +327,7 @@ class ThroughputCallback(StageCallback):
 
 class _StepFlops:
     """Torch's FLOP counter over one training step, which runs eagerly meanwhile: under the counter, a compiled
-    model would never compile (see `run.eager`); it compiles on the next step instead, with the same graphs."""
+    model would never compile (see `run.clock.eager`); it compiles on the next step instead, with the same graphs."""
 
     def __init__(self) -> None:
         from torch.utils.flop_counter import FlopCounterMode

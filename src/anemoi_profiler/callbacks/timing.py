@@ -15,7 +15,7 @@ import torch
 from .. import names
 from ..report import MB, ReportSection
 from ..run import trainer_info
-from ..run.intervals import STAGES, Lap, RankTotals
+from ..run.clock import STAGES, Lap, RankTotals
 from ..run.rank_figures import (
     MEMORY_PEAKS,
     collective_wait_figures,
@@ -123,7 +123,8 @@ class StepTimingCallback(StageCallback):
                 values[name] = _with_unit(name, value)
         train = self.totals["train"]
         if train.elapsed_s > 0:
-            values["train/dataloader_wait_share"] = (train.wait_s / train.elapsed_s * 100, "%")
+            share = (train.wait_s / train.elapsed_s * 100, "%")
+            values["train/dataloader_wait_share"] = share if train.fetches else ("not assessed", "")
         for key, value in self.peaks.items():
             values[key.replace(names.MEMORY, "max ")] = (value, "MB")
             summary[names.summary_of(key)] = value

@@ -23,9 +23,8 @@ from ..profiling.windows import ProfilingWindows
 from ..report import ReportSection, format_value
 from ..reports.step_series import PROFILED
 from ..run import trainer_info
+from ..run.clock import STAGES, unwrapped
 from ..run.flagged_traces import settle_held_traces
-from ..run.intervals import STAGES
-from ..run.loop_timer import unwrapped
 from ..run.session import ProfilerSession
 from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
 from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
@@ -377,7 +376,7 @@ def _torch_based_profiler(trainer: Any) -> str | None:
     """Name of a Lightning profiler on the trainer that runs torch.profiler itself, if any."""
     profiler = unwrapped(getattr(trainer, "profiler", None))
     name = type(profiler).__name__
-    return name if name == "PyTorchProfiler" or hasattr(profiler, "_profiler_kwargs") else None
+    return name if any(cls.__name__ == "PyTorchProfiler" for cls in type(profiler).__mro__) else None
 
 
 def _planned_train_batches(trainer: Any) -> int | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import trainer_info
+from . import lightning_private, trainer_info
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,10 @@ class GradientSyncTimer:
         """Before the strategy's setup: put the timer around the user's `ddp_comm_hook`, which Lightning then
         registers (on CUDA only; on CPU it ignores the user's hook, and `register` puts ours)."""
         strategy = getattr(trainer, "strategy", None)
-        user_hook = getattr(strategy, "_ddp_comm_hook", None)
+        user_hook = lightning_private.ddp_comm_hook(strategy)
         if self.not_assessed or user_hook is None or trainer_info.root_device(trainer).type != "cuda":
             return
-        strategy._ddp_comm_hook = functools.wraps(user_hook)(self._around(user_hook))
+        lightning_private.replace_ddp_comm_hook(strategy, functools.wraps(user_hook)(self._around(user_hook)))
         self._wrapped_user_hook = True
 
     def register(self, trainer: Any) -> None:

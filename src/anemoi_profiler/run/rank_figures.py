@@ -18,7 +18,7 @@ from __future__ import annotations
 from statistics import mean
 
 from .. import names
-from .intervals import RankTotals
+from .clock import RankTotals
 
 MEMORY_PEAKS = {
     "peak_allocated_mb": names.PEAK_ALLOCATED_MB,

@@ -22,14 +22,13 @@ from ..tracking import prestart_tracking
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
+from .clock import OwnWorkClock, StageClock
 from .distributed import RankExchange
 from .environment import collect_environment
 from .folder import open_sink, print_where_to_look, upload_folder, write_run_folder
 from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
-from .own_work import OwnWorkClock
 from .parallelism import Parallelism, detect_parallelism
-from .stage_clock import StageClock
 from .triggers import TriggerWatch
 
 log = logging.getLogger(__name__)

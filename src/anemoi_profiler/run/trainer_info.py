@@ -8,24 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import lightning_private
+
 
 def find_mlflow_logger(trainer: Any) -> Any | None:
     """The trainer's MLflow logger (Lightning's MLFlowLogger or anything shaped like it), if any."""
     for logger in getattr(trainer, "loggers", None) or []:
-        if type(logger).__name__ == "MLFlowLogger" or (
-            hasattr(logger, "run_id") and hasattr(logger, "_tracking_uri") and hasattr(logger, "experiment")
-        ):
+        if lightning_private.is_mlflow_logger(logger):
             return logger
     return None
 
 
 def logger_tracking_uri(logger: Any) -> str | None:
-    uri = getattr(logger, "_tracking_uri", None)
-    return str(uri) if uri else None
+    return lightning_private.mlflow_logger_tracking_uri(logger)
 
 
 def logger_prefix(logger: Any) -> str:
-    return str(getattr(logger, "_prefix", "") or "")
+    return lightning_private.mlflow_logger_prefix(logger)
 
 
 def global_rank(trainer: Any) -> int:

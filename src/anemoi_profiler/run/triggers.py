@@ -29,7 +29,7 @@ from ..triggers.detector import (
     Triggers,
 )
 from ..triggers.requests import RequestPoller, WindowRequest, mark_served, mask_to_ranks, ranks_to_mask
-from .intervals import RankTotals
+from .clock import RankTotals
 from .rank_figures import collective_waits_ms
 
 log = logging.getLogger(__name__)

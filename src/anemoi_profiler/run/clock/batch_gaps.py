@@ -13,6 +13,7 @@ costs microseconds); once per log interval one gap is sampled callback by callba
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .intervals import STAGES, GapTimes
 from .loop_timer import LoopTimer
@@ -20,8 +21,9 @@ from .own_work import OwnWorkClock
 
 
 class BatchGaps:
-    def __init__(self, own_work: OwnWorkClock) -> None:
+    def __init__(self, own_work: OwnWorkClock, now: Callable[[], float] = time.perf_counter) -> None:
         self._own_work = own_work
+        self._now = now
         self.callbacks_begin: float | None = None
         """Set by the first-callback mark at a batch's start."""
         self.callbacks_end: float | None = None
@@ -46,7 +48,7 @@ class BatchGaps:
 
     def batch_started(self) -> None:
         """Split the gap since the last batch's end into other callbacks' hooks and Lightning's loop."""
-        now = time.perf_counter()
+        now = self._now()
         if self._sampling:
             self._end_sample()
         begin, end, last_end = self.callbacks_begin, self.callbacks_end, self._last_end
@@ -74,7 +76,7 @@ class BatchGaps:
         if sample_next_gap and self.loop_timer is not None:
             self.loop_timer.start_sample()
             self._sampling = True
-        self._last_end = time.perf_counter()
+        self._last_end = self._now()
         self._own_work_at_end = self._own_work.total_s
 
     def reset(self) -> None:

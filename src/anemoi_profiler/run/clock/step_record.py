@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..reports.step_series import AFTER_OTHER_STAGE, OWN_WORK, WARMUP, write_steps
+from ...reports.step_series import AFTER_OTHER_STAGE, OWN_WORK, WARMUP, write_steps
 from .own_work import OwnWorkClock
 
 INITIAL_CAPACITY = 4096

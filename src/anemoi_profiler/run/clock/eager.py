@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..lightning_private import compiled_by_lightning
+
 
 def can_run_eagerly() -> bool:
     """Whether this torch can set the compiler aside for a while (`torch.compiler.set_stance`, torch 2.6)."""
@@ -36,7 +38,7 @@ def eager() -> Iterator[None]:
 def is_compiled(model: Any) -> bool:
     """Whether `model` or one of its submodules was wrapped by `torch.compile` (or Lightning took a compiled
     LightningModule apart, leaving its compile settings on it)."""
-    if getattr(model, "_compiler_ctx", None) is not None:
+    if compiled_by_lightning(model):
         return True
     modules = model.modules() if isinstance(model, nn.Module) else []
     return any(type(module).__name__ == "OptimizedModule" for module in modules)

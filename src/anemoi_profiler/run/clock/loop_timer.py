@@ -2,7 +2,7 @@
 
 Lightning calls `trainer.profiler.start/stop` around every fetch from the training dataloader (also inside a
 `dataloader_iter` training step, from every dataloader of a combined loader) and around validation fetches,
-and wraps every callback hook in `trainer.profiler.profile` (the action names: `lightning_actions.py`).
+and wraps every callback hook in `trainer.profiler.profile` (the action names: `run/lightning_private.py`).
 Standing in for the profiler (the user's `SimpleProfiler` or `PyTorchProfiler` as well as Lightning's
 do-nothing default) sees both without a hook of our own: every call goes on to the real profiler unchanged.
 `profile` is the real profiler's own method except while a sample is taken or a block is watched (the first
@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from ..lightning_private import CALLBACK_PREFIX, FETCH_ACTIONS
 from .intervals import STAGES
-from .lightning_actions import CALLBACK_PREFIX, FETCH_ACTIONS
 
 
 class LoopTimer:
-    def __init__(self, profiler: Any) -> None:
+    def __init__(self, profiler: Any, now: Callable[[], float] = time.perf_counter) -> None:
         self.wrapped = profiler
+        self._now = now
         self.fetch_s = dict.fromkeys(STAGES, 0.0)
         """Seconds fetching per stage, until `BatchGaps` takes them at a batch's end (and zeroes them)."""
         self.fetches = dict.fromkeys(STAGES, 0)
@@ -34,14 +35,14 @@ class LoopTimer:
     # ---- what Lightning calls ----
     def start(self, action_name: str) -> None:
         if action_name in FETCH_ACTIONS:
-            self._fetch_started = time.perf_counter()
+            self._fetch_started = self._now()
         self.wrapped.start(action_name)
 
     def stop(self, action_name: str) -> None:
         self.wrapped.stop(action_name)
         stage = FETCH_ACTIONS.get(action_name)
         if stage is not None:
-            self.fetch_s[stage] += time.perf_counter() - self._fetch_started
+            self.fetch_s[stage] += self._now() - self._fetch_started
             self.fetches[stage] += 1
 
     def __getattr__(self, name: str) -> Any:
@@ -67,6 +68,12 @@ class LoopTimer:
         self._around = (action_name, context)
         self.profile = self._watching_profile
 
+    def cancel_around(self) -> bool:
+        """Drop the block `around_next` waits for; True when there was one (Lightning never ran it)."""
+        pending, self._around = self._around, None
+        self._unwatch_if_idle()
+        return pending is not None
+
     def _unwatch_if_idle(self) -> None:
         if self._sample is None and self._around is None:
             self.profile = self.wrapped.profile
@@ -80,12 +87,12 @@ class LoopTimer:
             with around[1](), self.wrapped.profile(action_name) as name:
                 yield name
             return
-        started = time.perf_counter()
+        started = self._now()
         with self.wrapped.profile(action_name) as name:
             yield name
         if self._sample is not None and action_name.startswith(CALLBACK_PREFIX):
             state_key = action_name[len(CALLBACK_PREFIX) :].rsplit(".", 1)[0]
-            self._sample[state_key] = self._sample.get(state_key, 0.0) + time.perf_counter() - started
+            self._sample[state_key] = self._sample.get(state_key, 0.0) + self._now() - started
 
 
 def unwrapped(profiler: Any) -> Any:

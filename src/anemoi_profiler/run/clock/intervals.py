@@ -146,12 +146,19 @@ class StageMeter:
     """Counts and times one stage (train or val); paused while another stage runs.
 
     `own_work()` reads the profiler's own accumulated work time (see `own_work.OwnWorkClock`); what
-    accumulates while the meter runs is taken out of its laps.
+    accumulates while the meter runs is taken out of its laps. `now` is the host clock (tests feed their own
+    timestamps); on CUDA the interval boundaries are events instead.
     """
 
-    def __init__(self, device: torch.device, own_work: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        own_work: Callable[[], float] = lambda: 0.0,
+        now: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._cuda = device.type == "cuda"
         self._own_work = own_work
+        self._now = now
         self._own_work_at_open = 0.0
         self._own_work_s = 0.0
         self._open: Marker | None = None
@@ -176,7 +183,7 @@ class StageMeter:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return time.perf_counter()
+        return self._now()
 
     def start(self) -> None:
         if self._open is None:
@@ -184,14 +191,14 @@ class StageMeter:
             self.running = True
             self._own_work_at_open = self._own_work()
             if self.first_started_at is None:
-                self.first_started_at = time.perf_counter()
+                self.first_started_at = self._now()
 
     def stop(self) -> None:
         if self._open is not None:
             self._segments.append((self._open, self._mark()))
             self._open = None
             self.running = False
-            self.last_stopped_at = time.perf_counter()
+            self.last_stopped_at = self._now()
             self._own_work_s += self._own_work() - self._own_work_at_open
 
     def pause(self) -> None:

@@ -1,0 +1,98 @@
+"""The stage clock driven by hand: a host clock the test moves, a listener that keeps the laps, and the clock's
+hooks called as Lightning's loop calls them. No Trainer: the hooks get a namespace with the three things the clock
+reads from one (`sanity_checking`, `state.fn`, `global_step`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.run.clock import Lap, OwnWorkClock, RankTotals, StageClock
+from anemoi_profiler.run.distributed import RankExchange
+from anemoi_profiler.run.gradient_sync import GradientSyncTimer
+
+
+class ManualTime:
+    """What `time.perf_counter` would read, moved by the test."""
+
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+CPU = torch.device("cpu")
+BATCH = torch.zeros(8, 2)
+
+
+class LapRecorder:
+    """A listener that counts 8 samples a batch and keeps every lap it is handed: (stage, step, batches, ms)."""
+
+    def __init__(self) -> None:
+        self.laps: list[tuple[str, int, int, float]] = []
+        self.ranks: list[list[RankTotals] | None] = []
+
+    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
+        return int(batch.shape[0]), 0
+
+    def lap_extras(self, stage: str) -> dict[str, float]:
+        return {}
+
+    def rank_values(self, stage: str) -> dict[str, float]:
+        return {}
+
+    def first_train_batch(self, batch: Any, ended: bool) -> None:
+        pass
+
+    def report_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: Any) -> None:
+        self.laps += [(stage, lap.step, lap.batches, seconds / lap.batches * 1000) for lap, seconds in laps]
+        self.ranks.append(ranks)
+
+
+class ClockDriver:
+    """Calls the clock's hooks as Lightning's loop would, moving the manual time by each batch's duration."""
+
+    def __init__(self, tmp_path: Path, *overrides: str, exchange: Any = None) -> None:
+        self.time = ManualTime()
+        self.own_work = OwnWorkClock(self.time)
+        config = ProfilerConfig.load(None, [f"output_dir={tmp_path}", *overrides])
+        self.clock = StageClock(
+            config,
+            CPU,
+            exchange or RankExchange(),
+            self.own_work,
+            GradientSyncTimer(CPU, data_parallel_size=1, enabled=False),
+            lambda: True,
+            now=self.time,
+        )
+        self.recorder = LapRecorder()
+        self.clock.join(self.recorder, counts=True, has_extras=False)
+        self.trainer = SimpleNamespace(sanity_checking=False, global_step=0, state=SimpleNamespace(fn="fit"))
+        self.batches = 0
+
+    def train_batches(self, *seconds: float, batches_per_step: int = 1) -> None:
+        """Batches of `seconds` each; the optimizer steps after every `batches_per_step`-th (gradient
+        accumulation), inside the batch, before its end hook, as in Lightning."""
+        for duration in seconds:
+            self.clock.on_train_batch_start(self.trainer, None, BATCH, 0)
+            self.time.advance(duration)
+            self.batches += 1
+            self.trainer.global_step = self.batches // batches_per_step
+            self.clock.on_train_batch_end(self.trainer, None, None, BATCH, 0)
+
+    def validation(self, *seconds: float, before_first_batch: float = 0.0) -> None:
+        self.clock.validation_start(self.trainer)
+        self.time.advance(before_first_batch)
+        for duration in seconds:
+            self.clock.on_validation_batch_start(self.trainer, None, BATCH, 0)
+            self.time.advance(duration)
+            self.clock.on_validation_batch_end(self.trainer, None, None, BATCH, 0)
+        self.clock.validation_end(self.trainer)
