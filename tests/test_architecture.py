@@ -149,3 +149,32 @@ def test_metric_names_are_spelled_only_in_the_names_module() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and METRIC_NAME.fullmatch(node.value):
                 spelled.append(f"{path.relative_to(PACKAGE.parents[1])}:{node.lineno} {node.value!r}")
     assert not spelled, spelled
+
+
+def test_reports_read_files_and_never_import_the_profiling_machinery() -> None:
+    """reports/ renders what a run folder holds (torch-free, the same later from `anemoi-profiler report`)."""
+    below = ("anemoi_profiler.profiling", "anemoi_profiler.run", "anemoi_profiler.callbacks")
+    found = {
+        f"{name} -> {imported}"
+        for name in MODULES
+        if name.startswith("anemoi_profiler.reports")
+        for imported in imported_modules(name)
+        if imported.startswith(below)
+    }
+    assert not found, found
+
+
+def test_callbacks_add_to_the_report_only_through_summarize() -> None:
+    """One path: a callback's sections and `summary/...` values are what its `summarize` returns, which the base
+    class hands to the session (work after the release returns its section to `after_release`)."""
+    callers = {
+        f"{module_name(path)}:{node.lineno}"
+        for path, tree in SYNTAX_TREES.items()
+        if path.is_relative_to(PACKAGE)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "add_summary"
+    }
+    assert {caller.split(":")[0] for caller in callers} == {
+        "anemoi_profiler.callbacks.base",
+        "anemoi_profiler.run.session",
+    }, callers

@@ -12,7 +12,7 @@ import pytest
 from anemoi_profiler.layout import HELD_SUFFIX, trace_path, window_summary_path
 from anemoi_profiler.profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH
 from anemoi_profiler.profiling.window_table import WindowTable
-from anemoi_profiler.run.flagged_traces import FLAG_FIELDS, flagged_ranks, settle_held_traces
+from anemoi_profiler.run.flagged_traces import FLAG_FIELDS, flagged_ranks, keeps_trace, settle_held_traces
 from tests.helpers.jobs import FAST, SMALL_WINDOWS, example, only_run_folder, run_ok
 
 
@@ -31,18 +31,19 @@ def test_rank_0_the_argmax_and_the_far_from_median_are_flagged() -> None:
 
 def test_held_traces_are_renamed_where_flagged_and_deleted_elsewhere(tmp_path: Path) -> None:
     table = table_of([20.0, 60.0, 21.0])
+    assert [keeps_trace(table, rank, 10.0) for rank in (0, 1, 2, 3)] == [True, True, False, True]  # 3: no row
     for rank in (1, 2):
         for window in (0, 1):
             held = trace_path(tmp_path, "train", window, rank)
             held = held.with_name(held.name + HELD_SUFFIX)
             held.parent.mkdir(parents=True, exist_ok=True)
             held.write_bytes(b"trace")
-    tables = {("train", 0): table}  # window 1 was not exchanged: its traces stay
-    assert settle_held_traces(tmp_path, 1, tables, 10.0) == {("train", 0): True, ("train", 1): True}
-    assert settle_held_traces(tmp_path, 2, tables, 10.0, requested={("train", 1): [2]}) == {
-        ("train", 0): False,
-        ("train", 1): True,
-    }
+    # window 0 exchanged during the run; window 1 not yet: its traces stay held until the final call keeps them
+    for rank in (1, 2):
+        settle_held_traces(tmp_path, rank, {("train", 0): keeps_trace(table, rank, 10.0)}, final=False)
+    assert len(list(tmp_path.rglob(f"*{HELD_SUFFIX}"))) == 2
+    settle_held_traces(tmp_path, 1, {("train", 0): True}, final=True)
+    settle_held_traces(tmp_path, 2, {("train", 0): False}, final=True)
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert files == [
         "traces/train/window_0/rank1.pt.trace.json.gz",

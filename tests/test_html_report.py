@@ -20,9 +20,10 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli import report as report_command
 from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.diagnosis import assess
 from anemoi_profiler.reports.html import render_html, write_html_report
 from anemoi_profiler.reports.plots import charts, figures, write_plot_files
-from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.reports.run_data import RunData, load_run
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 PLANTED_OP = "<script>alert('op')</script>"
@@ -90,7 +91,6 @@ def profiled_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train, val = loaders()
     trainer(build_callbacks(config)).fit(PlantedModel(), train, val)
     (run_dir,) = run_folders(output)
-    write_html_report(run_dir)
     return run_dir
 
 
@@ -150,7 +150,8 @@ def test_hta_results_with_rank_table_and_kernels() -> None:
             }
         ]
     }
-    page = render_html(RunData(Path("run"), hta=hta))
+    run = RunData(Path("run"), hta=hta)
+    page = render_html(run, assess(run))
     text = " ".join(parse(page).text)
     assert "comm/comp overlap %" in text and "11.80" in text
     assert "GPU kernel time (all ranks): communication 55.5%" in text
@@ -160,7 +161,8 @@ def test_hta_results_with_rank_table_and_kernels() -> None:
 
 def test_operator_tables_from_the_report_files_without_report_json(profiled_run: Path, tmp_path: Path) -> None:
     run_dir = Path(shutil.copytree(profiled_run, tmp_path / "run", ignore=shutil.ignore_patterns("report.*")))
-    text = " ".join(parse((write_html_report(run_dir)).read_text()).text)
+    run = load_run(run_dir)
+    text = " ".join(parse((write_html_report(run, assess(run))).read_text()).text)
     assert "Time by operator (train window 0)" in text and "Memory by operator (val window 0)" in text
     assert PLANTED_OP in text and "How to read this table:" in text
 

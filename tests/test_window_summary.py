@@ -67,6 +67,12 @@ def test_the_sweep_gives_the_figures_worked_out_by_hand() -> None:
     assert values["overlap_ms"] * 1e3 == pytest.approx(10.0)  # 30-40
     assert values["overlap_pct"] == pytest.approx(100 * 10 / 30)
     assert values["exposed_communication_ms"] * 1e3 == pytest.approx(20.0)
+    # HTA's kernel type breakdown: of the 61 us of kernels, compute alone 26 (10-30, 86-90, 95-97), communication
+    # alone 20 (40-60), memory alone 5; the other 10 overlap
+    assert values["kernel_ms"] * 1e3 == pytest.approx(61.0)
+    assert values["computation_only_pct"] == pytest.approx(100 * 26 / 61)
+    assert values["communication_only_pct"] == pytest.approx(100 * 20 / 61)
+    assert values["memory_only_pct"] == pytest.approx(100 * 5 / 61)
     # stream 7: 40->70 (launched at 4: other), 75->86 (launched at 85 > 75: host wait), 90->95 (kernel wait)
     assert values["idle_host_wait_ms"] * 1e3 == pytest.approx(11.0)
     assert values["idle_kernel_wait_ms"] * 1e3 == pytest.approx(5.0)
@@ -191,3 +197,66 @@ def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path:
     assert from_torch.values["window_ms"] == pytest.approx(from_file.values["window_ms"], rel=1e-3)
     assert from_torch.values["host_busy_pct"] == pytest.approx(from_file.values["host_busy_pct"], abs=0.5)
     assert not from_torch.device_assessed and not from_file.device_assessed
+
+
+class _KinetoEvent:
+    """What `window_events_from_kineto` reads of torch's `_KinetoEvent`: device events need CUDA, absent here."""
+
+    def __init__(self, category: str, name: str, start_ns: int, dur_ns: int, stream: int = 0, correlation: int = 0):
+        self._fields = (category, name, start_ns, dur_ns, stream, correlation)
+
+    def activity_type(self) -> str:
+        return self._fields[0]
+
+    def name(self) -> str:
+        return self._fields[1]
+
+    def start_ns(self) -> int:
+        return self._fields[2]
+
+    def duration_ns(self) -> int:
+        return self._fields[3]
+
+    def device_resource_id(self) -> int:
+        return self._fields[4]
+
+    def correlation_id(self) -> int:
+        return self._fields[5]
+
+
+def test_kineto_columns_are_the_trace_readers_columns_for_device_work() -> None:
+    """Kernels, memcpys, launches (one without correlation id: dropped), memory instants (skipped), operators,
+    steps and collectives read from torch's event objects give the trace reader's columns and figures."""
+    from anemoi_profiler.profiling.kineto_events import window_events_from_kineto
+
+    epoch_ns = 1_796_395_767_632_215_793  # ns since 1970: exact in int64, not in float64
+    events = [
+        _KinetoEvent("user_annotation", "ProfilerStep#0", epoch_ns, 100_000),
+        _KinetoEvent("cpu_op", "aten::mm", epoch_ns + 1_000, 90_000, stream=17),
+        _KinetoEvent("user_annotation", "gloo:all_reduce", epoch_ns + 50_000, 10_000),
+        _KinetoEvent("cuda_runtime", "cudaLaunchKernel", epoch_ns + 2_000, 3_000, correlation=11),
+        _KinetoEvent("cuda_runtime", "cudaStreamSynchronize", epoch_ns + 60_000, 1_000),
+        _KinetoEvent("cuda_driver", "cuLaunchKernel", epoch_ns + 20_000, 2_000, correlation=12),
+        _KinetoEvent("[memory]", "[memory]", epoch_ns + 5_000, 0),
+        _KinetoEvent("kernel", GEMM, epoch_ns + 10_000, 30_000, stream=7, correlation=11),
+        _KinetoEvent("kernel", ALL_REDUCE, epoch_ns + 30_000, 30_500, stream=20, correlation=12),
+        _KinetoEvent("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", epoch_ns + 70_000, 5_000, stream=7),
+    ]
+    expected = WindowEventsBuilder()
+    for event in events:
+        category, name, start_ns, dur_ns, stream, correlation = event._fields
+        expected.add_categorised(category, name, start_ns / 1e3, dur_ns / 1e3, stream, correlation or -1)
+    expected_columns = expected.build()
+
+    columns = window_events_from_kineto(type("Results", (), {"events": lambda self: events})())
+
+    assert list(columns.kind) == [STEP, HOST, HOST, LAUNCH, LAUNCH, DEVICE, DEVICE, DEVICE]
+    for column in ("kind", "start_us", "dur_us", "stream", "correlation"):
+        assert np.array_equal(getattr(columns, column), getattr(expected_columns, column)), column
+    named = columns.kind != LAUNCH  # launches are matched by correlation id alone: their names are not read
+    assert [columns.names[i] for i in columns.name_id[named]] == [
+        expected_columns.names[i] for i in expected_columns.name_id[named]
+    ]
+    assert summarize(columns).values == pytest.approx(summarize(expected_columns).values, nan_ok=True)
+    empty = window_events_from_kineto(type("Results", (), {"events": lambda self: []})())
+    assert len(empty) == 0 and not summarize(empty).device_assessed

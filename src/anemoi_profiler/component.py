@@ -29,7 +29,8 @@ from .report import ReportSection, RunReport
 from .run import run_page
 from .run.distributed import RankExchange
 from .run.environment import collect_environment
-from .run.folder import open_sink, print_where_to_look, upload_folder, write_run_folder
+from .run.folder import print_where_to_look, upload_folder, write_run_folder
+from .run.session import open_sink
 from .run.window_exchange import exchange_summaries, spread_metrics, write_tables
 from .tracking.uris import resolve_tracking_uri
 
@@ -189,7 +190,8 @@ def profile_component(
         traces = TracesUpload.of(run_dir, config.profiler)
         sections, metrics = summarize_windows(windows, traces.note if uploading else "not uploaded (tracking off)")
         if windows.summaries is not None:
-            tables = exchange_summaries(RankExchange(), run_dir, windows.summaries.collect())
+            mine = windows.summaries.collect()
+            tables = exchange_summaries(RankExchange(), run_dir, mine, slots=len(mine))
             write_tables(run_dir, tables)
             for (stage, window), table in tables.items():
                 if sink is not None:

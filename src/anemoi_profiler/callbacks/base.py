@@ -140,8 +140,10 @@ class ProfilerCallback(Callback):
             self.session.mark_failed(status)
         try:
             if not self.disabled:
-                section, summary = self.summarize(trainer)
-                self.session.add_section(section, summary)
+                sections, summary = self.summarize(trainer)
+                if not isinstance(sections, list):
+                    raise TypeError(f"summarize returned {type(sections).__name__}, expected a list of ReportSection")
+                self.session.add_summary(sections, summary)
         except Exception as error:
             log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
         finally:
@@ -155,6 +157,7 @@ class ProfilerCallback(Callback):
     def stop_background_work(self) -> None:
         """Stop threads or recordings this callback started; called at the end even after an error."""
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
-        """The report section and `summary/...` metrics of this callback at the end of the run."""
-        return None, {}
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
+        """The report sections and `summary/...` metrics of this callback at the end of the run: the one way a
+        callback adds to the report (work after the last exchange returns its section to `after_release`)."""
+        return [], {}

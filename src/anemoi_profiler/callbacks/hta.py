@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 class HtaCallback(ProfilerCallback):
     """Put it after TorchProfilerCallback (build_callbacks does), so the traces are complete when it runs."""
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         if self.session.is_global_zero and self.session.run_dir is not None:
             step = trainer_info.global_step(trainer)
             self.session.after_release(lambda: self._analyze(step))
-        return None, {}
+        return [], {}
 
     def _analyze(self, step: int) -> ReportSection:
         """Every rank has written its traces (the session's last exchange) and is free to exit."""

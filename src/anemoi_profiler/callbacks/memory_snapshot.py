@@ -186,12 +186,12 @@ class MemorySnapshotCallback(ProfilerCallback):
             log.warning("anemoi-profiler: could not stop CUDA memory history recording: %s", error)
 
     # ---- report ----
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         if self.skipped_reason:
-            return ReportSection.key_values("Memory snapshot", {"skipped": (self.skipped_reason, "")}), {}
+            return [ReportSection.key_values("Memory snapshot", {"skipped": (self.skipped_reason, "")})], {}
         if not self.dumps:
             reason = f"training ended after {self.batches_seen} batches, before the window at batch {self.window_start}"
-            return ReportSection.key_values("Memory snapshot", {"not written": (reason, "")}), {}
+            return [ReportSection.key_values("Memory snapshot", {"not written": (reason, "")})], {}
         columns = ["file", "trigger", "size", "dump time", "reserved", "allocated", "peak in history", "events"]
         rows = [
             [
@@ -216,7 +216,7 @@ class MemorySnapshotCallback(ProfilerCallback):
             names.SUMMARY_SNAPSHOT_DUMP_S: sum(dump.seconds for dump in self.dumps),
             names.SUMMARY_SNAPSHOT_MB: sum(dump.size_bytes for dump in self.dumps) / MB,
         }
-        return ReportSection("Memory snapshot", columns, rows, data, note), summary
+        return [ReportSection("Memory snapshot", columns, rows, data, note)], summary
 
 
 def _gigabytes(value: int | None) -> str:

@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
 PLAIN_DATA_PARALLEL = ("DDPStrategy",)
-"""Strategies whose forward pass runs no collective: the summary's forward on rank 0 alone is safe under them."""
+"""Strategies under which the LightningModule's own forward runs no collective (the model is whole on every rank;
+DDP's buffer broadcast is in its wrapper's forward, which the summary does not call, and its all-reduce in
+backward): the summary's forward on rank 0 alone is safe under them."""
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
 
 
@@ -353,14 +355,14 @@ class ModelSummaryCallback(ProfilerCallback):
         (self.session.run_dir / MODEL_SUMMARY_FILE).write_text(summary.text)
         self.session.log_params(summary.params())
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         if self.pending:  # a validate/test run, or a fit that stopped before its first training batch
             self.pending = False
             model = getattr(trainer, "lightning_module", None)
             if model is not None:
                 self._record(static_model_summary(model, "no training batch was seen"))
         if self.result is None:
-            return None, {}
+            return [], {}
         summary = self.result
         values: dict[str, tuple[Any, str]] = {
             "model": (summary.model_name, ""),
@@ -372,4 +374,4 @@ class ModelSummaryCallback(ProfilerCallback):
             values["called as"] = (summary.call, "")
         else:
             values["static summary because"] = (summary.static_reason, "")
-        return ReportSection.key_values("Model summary", values, "Full table in model_summary.txt."), {}
+        return [ReportSection.key_values("Model summary", values, "Full table in model_summary.txt.")], {}

@@ -81,12 +81,12 @@ class SystemMetricsCallback(ProfilerCallback):
         if getattr(self, "sampler", None) is not None:
             self.sampler.stop()
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         self.stop_background_work()
         summary, energy_notes = self._job_energy()  # a collective: every rank, every time
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
         if not self.session.is_global_zero or not (means or summary):
-            return None, {}
+            return [], {}
         values = {key.removeprefix(names.SYSTEM): (value, "") for key, value in means.items() if "energy" not in key}
         units = {"kwh": "kWh", "per_sample": "J"}
         for key, value in summary.items():
@@ -94,7 +94,7 @@ class SystemMetricsCallback(ProfilerCallback):
             values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
         samples = max((int(count) for _, count in self.sums.values()), default=0)
         notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]
-        return ReportSection.key_values("System", values, " ".join(notes)), summary
+        return [ReportSection.key_values("System", values, " ".join(notes))], summary
 
     # ---- energy of the whole job ----
     def _job_energy(self) -> tuple[dict[str, float], list[str]]:

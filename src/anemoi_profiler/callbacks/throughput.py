@@ -218,7 +218,7 @@ class ThroughputCallback(StageCallback):
                 metrics[f"{prefix}/mfu"] = achieved / (self.peak_flops * len(ranks))
         return metrics
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}
@@ -243,7 +243,7 @@ class ThroughputCallback(StageCallback):
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
         epoch_start_note = self._epoch_start_figures(trainer, gathered["train"], values, summary)
         if not values or not self.session.is_global_zero:
-            return None, {}
+            return [], {}
         parallelism = self.session.parallelism
         notes = [
             f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
@@ -273,7 +273,7 @@ class ThroughputCallback(StageCallback):
                 "The model is compiled: its FLOPs were counted on the first step run eagerly (the operators the "
                 "compiled graphs compute); the rates and MFU are the compiled steps'."
             )
-        return ReportSection.key_values("Throughput", values, " ".join(notes)), summary
+        return [ReportSection.key_values("Throughput", values, " ".join(notes))], summary
 
     def _epoch_start_figures(
         self, trainer: Any, ranks: list[RankTotals], values: dict[str, tuple[Any, str]], summary: dict[str, float]

@@ -111,7 +111,7 @@ class StepTimingCallback(StageCallback):
         if hasattr(self, "resident"):
             self.resident.close()
 
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
@@ -129,16 +129,17 @@ class StepTimingCallback(StageCallback):
             values[key.replace(names.MEMORY, "max ")] = (value, "MB")
             summary[names.summary_of(key)] = value
         if not values or not self.session.is_global_zero:
-            return None, {}
+            return [], {}
         callbacks = self.clock.gaps.callbacks_ms()
         if callbacks:
             values["other callbacks between steps (sampled)"] = (_named(callbacks), "")
-        self.session.add_section(self._ranks_section(summary, gathered["train"]))
         note = (
             "Per batch: step = the whole cadence; within it, data wait = the fetch from the dataloader, callbacks = "
             "other callbacks' batch hooks between the steps, loop = Lightning's loop between batches."
         )
-        return ReportSection.key_values("Step time and memory", values, note), summary
+        sections = [ReportSection.key_values("Step time and memory", values, note)]
+        ranks = self._ranks_section(summary, gathered["train"])
+        return sections + ([ranks] if ranks is not None else []), summary
 
     def _ranks_section(self, summary: dict[str, float], train: list[RankTotals]) -> ReportSection | None:
         """How ranks share the work and who waits for whom, with host names; data the diagnosis reads too."""

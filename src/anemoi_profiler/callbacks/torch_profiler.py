@@ -24,10 +24,9 @@ from ..report import ReportSection, format_value
 from ..reports.step_series import PROFILED
 from ..run import trainer_info
 from ..run.clock import STAGES, unwrapped
-from ..run.flagged_traces import settle_held_traces
 from ..run.session import ProfilerSession
 from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
-from ..run.window_exchange import exchange_summaries, spread_metrics, window_section, write_tables
+from ..run.window_exchange import WindowExchange, window_section
 from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
 from .memory_snapshot import WindowSnapshot
@@ -50,6 +49,7 @@ class TorchProfilerCallback(ProfilerCallback):
         self._watch: TriggerWatch | None = None
         self._windows: ProfilingWindows | None = None
         self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)
+        self._window_exchange: WindowExchange | None = None
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         conflicting = _torch_based_profiler(trainer)
@@ -83,6 +83,7 @@ class TorchProfilerCallback(ProfilerCallback):
                 trainer_info.root_device(trainer),
             )
         self._recorders = dict.fromkeys(STAGES)
+        self._window_exchange = self._exchange_windows() if options.window_summary else None
         scheduled = profiled and self._scheduled
         self._spans = {stage: (s.start, s.end) if scheduled else (0, 0) for stage, s in self._schedules.items()}
         self._scheduled_spans = dict(self._spans)
@@ -306,40 +307,38 @@ class TorchProfilerCallback(ProfilerCallback):
             log.warning("anemoi-profiler: %s", problem)
 
     # ---- end of run ----
-    def summarize(self, trainer: Any) -> tuple[ReportSection | None, dict[str, float]]:
+    def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         """Rank 0 decides on the trace upload; the first profiled rank writes the reports from its windows."""
         for stage in STAGES:
             self._stop(stage)
         if self._windows is not None:
             self._windows.flush()
-        if self.config.profiler.window_summary:
-            self._exchange_window_summaries()
+        across_ranks = None
+        if self._window_exchange is not None:
+            self._window_exchange.finish()
+            if self.session.is_global_zero:
+                across_ranks = window_section(self._window_exchange.tables)
         upload_note = self._traces_upload_note() if self.session.is_global_zero else ""
+        sections = [across_ranks] if across_ranks is not None else []
         if self._windows is None or self.session.global_rank != self._reporting_rank():
-            return None, {}
-        sections, metrics = summarize_windows(self._windows, upload_note)
-        for section in sections:
-            self.session.add_section(section)
-        return None, metrics
+            return sections, {}
+        operator_sections, metrics = summarize_windows(self._windows, upload_note)
+        return sections + operator_sections, metrics
 
-    def _exchange_window_summaries(self) -> None:
-        """Every rank, profiled or not, joins the one exchange; rank 0 writes the tables and logs the spread."""
+    def _exchange_windows(self) -> WindowExchange:
+        """Every rank, profiled or not, joins the exchanges: at training intervals and at the end."""
+        options = self.config.profiler
         summaries = self._windows.summaries if self._windows is not None else None
-        mine = summaries.collect() if summaries is not None else {}
-        assert self.session.run_dir is not None
-        tables = exchange_summaries(self.session.exchange, self.session.run_dir, mine)
-        if self.config.profiler.traces == "flagged":
-            distance = self.config.profiler.flag_distance_pct
-            # a triggered or requested window keeps the traces of the ranks it was opened for
-            plans = self._watch.plans if self._watch is not None else []
-            requested = {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
-            settle_held_traces(self.session.run_dir, self.session.global_rank, tables, distance, requested)
-        if not self.session.is_global_zero:
-            return
-        write_tables(self.session.run_dir, tables)
-        for (stage, window), table in tables.items():
-            self.session.log_metrics(spread_metrics(stage, table), step=window)
-        self.session.add_section(window_section(tables))
+        distance = options.flag_distance_pct if options.traces == "flagged" else None
+        exchange = WindowExchange(self.session, summaries, distance, self._requested_ranks)
+        if self.session.stage_clock is not None:
+            self.session.stage_clock.train_exchanges.append(exchange)
+        return exchange
+
+    def _requested_ranks(self) -> dict[tuple[str, int], list[int]]:
+        """The ranks each triggered or requested window was opened for: they keep its trace."""
+        plans = self._watch.plans if self._watch is not None else []
+        return {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
 
     def _reporting_rank(self) -> int:
         return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)

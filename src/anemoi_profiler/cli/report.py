@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..report import ReportSection, RunReport, plain_table
 from ..reports.diagnosis import TITLE as DIAGNOSIS_TITLE
-from ..reports.diagnosis import diagnosis_section
+from ..reports.diagnosis import Outcome, assess, render_section
 from ..reports.run_data import RunData, RunFolderError, load_run, resolve_run
 
 NAME = "report"
@@ -35,30 +35,30 @@ def run(args: argparse.Namespace) -> int:
     try:
         folder = resolve_run(args.target, args.tracking_uri, Path(args.output or f"report_{args.target}"))
         loaded = load_run(folder)  # refuses a folder that is no run folder before anything is written
-        diagnosis = diagnosis_section(folder)
-        written = regenerate_reports(loaded, diagnosis)
+        outcomes = assess(loaded)
+        written = regenerate_reports(loaded, outcomes)
     except (RunFolderError, OSError) as error:
         print(f"anemoi-profiler report: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
-    if diagnosis is not None:
-        print("\n".join(line.rstrip() for line in [diagnosis.title, *plain_table(diagnosis.columns, diagnosis.rows)]))
+    diagnosis = render_section(outcomes)
+    print("\n".join(line.rstrip() for line in [diagnosis.title, *plain_table(diagnosis.columns, diagnosis.rows)]))
     print("written: " + ", ".join(str(path) for path in written))
     return 0
 
 
-def regenerate_reports(run: RunData, diagnosis: ReportSection | None) -> list[Path]:
-    """report.txt and report.json with `diagnosis` first (when the run has a readable report.json), and
-    report.html."""
+def regenerate_reports(run: RunData, outcomes: dict[str, Outcome]) -> list[Path]:
+    """report.txt and report.json with the diagnosis of `outcomes` first (when the run has a readable
+    report.json), and report.html."""
     from ..reports.html import write_html_report  # the report modules only now: `anemoi-profiler --help` stays fast
 
     written = []
     if run.header or run.sections:
-        sections = [diagnosis] if diagnosis is not None else []  # the diagnosis opens the report
+        sections = [render_section(outcomes)]  # the diagnosis opens the report
         sections += [
             ReportSection(title, s.get("columns") or [], s.get("rows") or [], s.get("data") or {}, s.get("note") or "")
             for title, s in run.sections.items()
             if title != DIAGNOSIS_TITLE
         ]
         written += RunReport(dict(run.header), sections).write(run.folder)
-    written.append(write_html_report(run.folder))
+    written.append(write_html_report(run, outcomes))
     return written

@@ -1,8 +1,9 @@
 """Each finished window summarised on a thread of its own, from torch's results: the training loop only hands over.
 
 Reading torch's events is Python work proportional to the window's events; done where the window closes it
-would stall the next training step, so one background thread does it and the session's end collects the
-results (`collect`). A window that cannot be summarised is left out with one warning; training never sees it.
+would stall the next training step, so one background thread does it. The exchange takes the finished ones
+at a training interval (`ready`, `take`) and the rest at the session's end (`collect`). A window that cannot
+be summarised is left out with one warning; training never sees it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ class WindowSummaries:
         """Summarise `results` (torch's `_ProfilerResult` of the window) in the background."""
         self._pending[(stage, window)] = self._executor.submit(_summarize_results, results)
 
-    def collect(self) -> dict[WindowKey, WindowSummary]:
-        """Every window's summary, waiting for those still running; failed ones left out (warned once)."""
+    def ready(self) -> list[WindowKey]:
+        """Windows whose summary is done (or failed) and not yet taken, without waiting."""
+        return [key for key, future in self._pending.items() if future.done()]
+
+    def running(self) -> int:
+        """Windows still being summarised."""
+        return sum(not future.done() for future in self._pending.values())
+
+    def take(self, keys: list[WindowKey]) -> dict[WindowKey, WindowSummary]:
+        """The summaries of `keys` (waiting for any not done), no longer pending; failed ones left out (warned once)."""
         summaries = {}
-        for key, future in self._pending.items():
+        for key in keys:
+            future = self._pending.pop(key)
             try:
                 summaries[key] = future.result()
             except Exception as error:
@@ -43,6 +53,10 @@ class WindowSummaries:
                         "anemoi-profiler: could not summarise window %s: %s: %s", key, type(error).__name__, error
                     )
         return summaries
+
+    def collect(self) -> dict[WindowKey, WindowSummary]:
+        """Every window's summary not yet taken, waiting for those still running."""
+        return self.take(list(self._pending))
 
     def close(self) -> None:
         """Let the summaries under way finish: `collect` may still be called after."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kernel_kinds import COMMUNICATION, COMPUTE, MEMORY, RULE_NAMES, classify_device, is_host_collective
+from .kernel_kinds import COMMUNICATION, COMPUTE, MEMORY, OTHER, RULE_NAMES, classify_device, is_host_collective
 from .window_events import DEVICE, HOST, LAUNCH, STEP, WindowEvents
 
 KERNEL_WAIT_US = 30.0
@@ -50,6 +50,10 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("overlap_pct", "overlap_ms, % of communication_ms (HTA's comp_comm_overlap_pctg)"),
     ("exposed_communication_ms", "communication_ms - overlap_ms: communication nothing hides"),
     ("exposed_communication_pct", "% of device span"),
+    ("kernel_ms", "union of compute, communication and memory kernels (HTA's kernel type breakdown, all of it)"),
+    ("computation_only_pct", "compute with no communication or memory running, % of kernel_ms (HTA's COMPUTATION)"),
+    ("communication_only_pct", "communication with no compute or memory running, % of kernel_ms (HTA's COMMUNICATION)"),
+    ("memory_only_pct", "memcpy/memset with no compute or communication running, % of kernel_ms (HTA's MEMORY)"),
     ("idle_host_wait_ms", "stream gaps before a kernel launched after its predecessor ended, summed over streams"),
     ("idle_kernel_wait_ms", "other stream gaps under 30 us: launch overhead (HTA's rule)"),
     ("idle_other_ms", "remaining stream gaps (synchronisation, dependencies)"),
@@ -191,6 +195,27 @@ def _top_kernels(names: list[str], name_id: np.ndarray, dur: np.ndarray) -> tupl
     return kernels, sum(kernel.share_pct for kernel in kernels)
 
 
+def _kind_breakdown(
+    kind: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    active: float,
+    unions: tuple[float, float, float],
+    compute_or_communication: float,
+) -> tuple[float, tuple[float, float, float]]:
+    """HTA's kernel type breakdown: the union of compute, communication and memory kernels, and the time each of
+    the three runs alone in it (the union minus the union of the other two); unions of empty kinds are not sorted.
+    """
+    compute, communication, memory = unions
+    other = kind == OTHER
+    kernel = active if not other.any() else _union_sorting_in_place(start[~other], end[~other])
+    if memory == 0:
+        return kernel, (kernel - communication, kernel - compute, 0.0)
+    with_memory = [(kind == chosen) | (kind == MEMORY) for chosen in (COMPUTE, COMMUNICATION)]
+    compute_or_memory, communication_or_memory = (_union_sorting_in_place(start[m], end[m]) for m in with_memory)
+    return kernel, (kernel - communication_or_memory, kernel - compute_or_memory, kernel - compute_or_communication)
+
+
 def summarize(events: WindowEvents) -> WindowSummary:
     """The window's figures (see `FIELDS`) from its events in one pass of sorts and cumulative sums."""
     window_start, window_end, steps = _window_bounds(events)
@@ -237,7 +262,10 @@ def summarize(events: WindowEvents) -> WindowSummary:
     communication = _union_sorting_in_place(start[kind == COMMUNICATION], end[kind == COMMUNICATION])
     memory = _union_sorting_in_place(start[kind == MEMORY], end[kind == MEMORY])
     both = (kind == COMPUTE) | (kind == COMMUNICATION)
-    overlap = compute + communication - _union_sorting_in_place(start[both], end[both])
+    compute_or_communication = _union_sorting_in_place(start[both], end[both])
+    overlap = compute + communication - compute_or_communication
+    unions = (compute, communication, memory)
+    kernel, alone = _kind_breakdown(kind, start, end, active, unions, compute_or_communication)
     launched = np.full(len(start), np.nan)
     if len(ids):
         launched = launch_start[match]
@@ -267,6 +295,10 @@ def summarize(events: WindowEvents) -> WindowSummary:
         overlap_pct=100 * overlap / communication if communication > 0 else math.nan,
         exposed_communication_ms=(communication - overlap) / 1e3,
         exposed_communication_pct=pct(communication - overlap),
+        kernel_ms=kernel / 1e3,
+        computation_only_pct=100 * alone[0] / kernel if kernel > 0 else math.nan,
+        communication_only_pct=100 * alone[1] / kernel if kernel > 0 else math.nan,
+        memory_only_pct=100 * alone[2] / kernel if kernel > 0 else math.nan,
         idle_host_wait_ms=idle_split[0] / 1e3,
         idle_kernel_wait_ms=idle_split[1] / 1e3,
         idle_other_ms=idle_split[2] / 1e3,

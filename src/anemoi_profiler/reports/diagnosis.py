@@ -9,19 +9,15 @@ typical log interval (`RunData.typical`): an interval in which the profiler expo
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from statistics import mean
 
 from .. import names
 from ..report import ReportSection
 from .epoch_starts import slow_epoch_starts
 from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
-from .run_data import TYPICAL_MIN_INTERVALS, RunData, load_run
-
-log = logging.getLogger(__name__)
+from .run_data import TYPICAL_MIN_INTERVALS, RunData
 
 TITLE = "Diagnosis"
 
@@ -352,16 +348,8 @@ def diagnose(run: RunData) -> list[Verdict]:
     return fired(assess(run))
 
 
-def diagnosis_section(run_dir: Path) -> ReportSection | None:
-    """The report's opening section, from the run folder's files; None (and a warning) if it cannot be made."""
-    try:
-        return render_section(assess(load_run(run_dir)))
-    except Exception as error:
-        log.warning("anemoi-profiler: no diagnosis: %s: %s", type(error).__name__, error)
-        return None
-
-
 def render_section(outcomes: dict[str, Outcome]) -> ReportSection:
+    """The report's opening section: the verdicts with their next steps, and what could not be assessed."""
     verdicts = fired(outcomes)
     not_assessed = {name: o.reason for name, o in outcomes.items() if isinstance(o, NotAssessed)}
     rows: list[list[str]] = []

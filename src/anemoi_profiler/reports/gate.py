@@ -36,8 +36,9 @@ MIN_STEADY_STEPS = 20
 MAX_RESAMPLED_VALUES = 4_000_000
 """Bootstrap replicates are drawn in chunks of at most this many values (memory stays in the tens of MB)."""
 
-Outcome = Literal["slower", "not slower", "inconclusive"]
-EXIT_CODES: dict[Outcome, int] = {"not slower": 0, "slower": 1, "inconclusive": 3}
+Decision = Literal["slower", "not slower", "inconclusive"]
+"""What the gate decides (a diagnosis check's finding is `reports.outcome.Outcome`, another type)."""
+EXIT_CODES: dict[Decision, int] = {"not slower": 0, "slower": 1, "inconclusive": 3}
 
 
 class GateError(ValueError):
@@ -46,7 +47,7 @@ class GateError(ValueError):
 
 @dataclass(frozen=True)
 class GateResult:
-    outcome: Outcome
+    outcome: Decision
     threshold_pct: float
     estimate_pct: float
     lower_pct: float
@@ -89,7 +90,7 @@ def judge_slowdown(
     z = _t_quantile(CONFIDENCE, _degrees_of_freedom(sides))
     lower, upper = difference - z * spread, difference + z * spread
     limit = math.log1p(threshold_pct / 100)
-    outcome: Outcome = "slower" if lower > limit else "not slower" if upper < limit else "inconclusive"
+    outcome: Decision = "slower" if lower > limit else "not slower" if upper < limit else "inconclusive"
     more = None
     if outcome == "inconclusive" and abs(difference - limit) > 0:
         needed = (spread * z / abs(difference - limit)) ** 2  # variance shrinks as 1 / steps

@@ -16,13 +16,12 @@ from typing import Any
 
 from .. import names
 from ..layout import REPORT_HTML
-from ..profiling.op_tables import MEMORY_EXPLANATION
 from ..report import format_value
 from .description import key_figures
 from .diagnosis import TITLE as DIAGNOSIS_TITLE
-from .diagnosis import NotAssessed, Outcome, assess, fired
+from .diagnosis import NotAssessed, Outcome, fired
 from .plots import plot_svgs, write_plot_files
-from .run_data import RunData, load_run
+from .run_data import RunData
 
 MAX_NAME = 120
 """Characters of an operator or kernel name shown in a table cell."""
@@ -65,21 +64,20 @@ tr.regression td { background: #fdecea; } tr.improvement td { background: #eaf7e
 """
 
 
-def write_html_report(run_dir: Path) -> Path:
-    """Write `<run folder>/report.html` and the plots it shows, `plots/*.svg`, from the run folder's files;
-    return the page's path."""
-    run = load_run(run_dir)
+def write_html_report(run: RunData, outcomes: dict[str, Outcome]) -> Path:
+    """Write `<run folder>/report.html` and the plots it shows, `plots/*.svg`, for a loaded run and its
+    diagnosis (`diagnosis.assess`); return the page's path."""
     svgs = plot_svgs(run)
     path = run.folder / REPORT_HTML
-    path.write_text(render_html(run, svgs), encoding="utf-8")
+    path.write_text(render_html(run, outcomes, svgs), encoding="utf-8")
     write_plot_files(run.folder, svgs)
     return path
 
 
-def render_html(run: RunData, svgs: dict[str, str] | None = None) -> str:
+def render_html(run: RunData, outcomes: dict[str, Outcome], svgs: dict[str, str] | None = None) -> str:
     """The page; `svgs` are the run's plots (see `plots.plot_svgs`), drawn now if not given."""
     parts = {
-        "diagnosis": _diagnosis(assess(run)),
+        "diagnosis": _diagnosis(outcomes),
         "plots": _plots(plot_svgs(run) if svgs is None else svgs),
         "operators": _operators(run),
         "model": _model_summary(run),
@@ -181,7 +179,8 @@ def _operators(run: RunData) -> str:
         return ""
     time_html = "".join(_titled_table(t, c, r) for t, c, r, memory in tables if not memory)
     memory_html = "".join(_titled_table(t, c, r) for t, c, r, memory in tables if memory)
-    explained = f"<h3>Memory by operator</h3>{_explanation(MEMORY_EXPLANATION)}{memory_html}" if memory_html else ""
+    explanation = _explanation(str(run.memory_report.get("explanation") or ""))
+    explained = f"<h3>Memory by operator</h3>{explanation}{memory_html}" if memory_html else ""
     return f"<h2>Top operators</h2>{time_html}{explained}"
 
 
@@ -263,8 +262,11 @@ def _titled_table(title: str, columns: list[Any], rows: list[list[Any]]) -> str:
 
 
 def _explanation(text: str) -> str:
-    """MEMORY_EXPLANATION's '- ' items as a list (continuation lines joined)."""
+    """memory_report.json's explanation, how to read the memory tables: its '- ' items as a list (continuation
+    lines joined); nothing for a run without one."""
     lines = text.splitlines()
+    if not lines:
+        return ""
     items: list[str] = []
     for line in lines[1:]:
         if line.startswith("- "):

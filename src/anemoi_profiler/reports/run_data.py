@@ -12,10 +12,10 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 from typing import Any
 
 from .. import names
@@ -213,7 +213,7 @@ class RunData:
     # ---- window_summaries/<stage>/window_<k>/window_summary.json ----
     def window_summary_values(self, stage: str = "train") -> list[HtaValue]:
         """The window summaries' figures as HTA's scalars (`SUMMARY_AS_HTA`); communication's share of kernel
-        time as its share of the device's busy time, averaged over ranks."""
+        time as HTA's kernel type breakdown gives it: communication running alone, over all ranks' kernel time."""
         values = []
         for path in sorted((self.folder / WINDOW_SUMMARIES_DIR).glob(f"*/window_*/{WINDOW_SUMMARY}.json")):
             window, rows = f"{path.parent.parent.name}/{path.parent.name}", _read_json(path).get("ranks") or []
@@ -221,9 +221,10 @@ class RunData:
                 for ours, theirs in SUMMARY_AS_HTA.items():
                     if isinstance(row.get(ours), int | float):
                         values.append(HtaValue(window, int(row["rank"]), theirs, float(row[ours])))
-            shares = [100 * r["communication_ms"] / r["active_ms"] for r in rows if r.get("active_ms")]
-            if shares:
-                values.append(HtaValue(window, None, "communication_kernel_time_pct", mean(shares)))
+            weighted = [(r["communication_only_pct"], r["kernel_ms"]) for r in rows if r.get("kernel_ms")]
+            if weighted:
+                share = sum(pct * ms for pct, ms in weighted) / sum(ms for _, ms in weighted)
+                values.append(HtaValue(window, None, "communication_kernel_time_pct", share))
         of_stage = [v for v in values if v.stage == stage]
         return of_stage or values
 
@@ -238,14 +239,18 @@ class RunData:
         return [(title, s) for title, s in self.sections.items() if "operators" in (s.get("data") or {})]
 
 
-def load_run(folder: Path) -> RunData:
-    """Read a run folder; raise RunFolderError when it holds none of `RUN_FILES`."""
+def load_run(folder: Path, report: Mapping[str, Any] | None = None) -> RunData:
+    """Read a run folder; raise RunFolderError when it holds none of `RUN_FILES`.
+
+    `report` is the report's document (`RunReport.to_json()`) where the caller holds it before report.json is
+    written (the end of a fit, which diagnoses the run to open the report): it is read as report.json would be.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"no such folder: {folder}")
     if not any((folder / name).is_file() for name in RUN_FILES):
         raise RunFolderError(f"{folder} is not a run folder: none of {', '.join(RUN_FILES)} in it")
-    report = _read_json(folder / REPORT_JSON)
+    report = _read_json(folder / REPORT_JSON) if report is None else json.loads(json.dumps(report, default=str))
     return RunData(
         folder=folder,
         header=report.get("header") or {},

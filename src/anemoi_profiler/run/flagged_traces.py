@@ -4,13 +4,14 @@ Rank 0 always keeps its traces (one reference rank to open); another rank keeps 
 the rank of the maximum of a flag field (the rank others wait for, or the one that waits most), or more than
 `profiler.flag_distance_pct` points from the ranks' median there. The others keep only their summary row.
 Every rank decides from the same gathered table, so no further exchange is needed; a window the exchange did
-not cover keeps every trace. `requested` is the hook for windows triggered or requested for given ranks.
+not cover keeps every trace, and a window triggered or requested for some ranks keeps theirs
+(`run.window_exchange`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..layout import HELD_SUFFIX, TRACE_SUFFIX, TRACES_DIR
@@ -36,22 +37,23 @@ def flagged_ranks(table: WindowTable, distance_pct: float) -> set[int]:
     return ranks
 
 
-def settle_held_traces(
-    run_dir: Path,
-    rank: int,
-    tables: Mapping[WindowKey, WindowTable],
-    distance_pct: float,
-    requested: Mapping[WindowKey, Collection[int]] | None = None,
-) -> dict[WindowKey, bool]:
-    """Rename this rank's held traces to their final names where it is flagged (or requested), delete the rest."""
-    kept = {}
+def keeps_trace(table: WindowTable, rank: int, distance_pct: float) -> bool:
+    """Whether `rank` keeps its trace of the window `table` describes (a rank outside the table keeps its own)."""
+    return rank not in table.ranks or rank in flagged_ranks(table, distance_pct)
+
+
+def settle_held_traces(run_dir: Path, rank: int, keep: Mapping[WindowKey, bool], final: bool) -> None:
+    """Rename this rank's held traces to their final names where `keep` says so, delete those it says not to.
+
+    A trace whose window has no decision yet stays held (its exchange comes later), or at the `final` call is
+    kept: the exchange did not cover it. A held trace is written by the compressor thread, maybe after its
+    window's decision: the next call, at the latest the final one after the writer's flush, settles it.
+    """
     for held in sorted((run_dir / TRACES_DIR).glob(f"*/window_*/rank{rank}{TRACE_SUFFIX}{HELD_SUFFIX}")):
-        key = (held.parent.parent.name, int(held.parent.name.removeprefix("window_")))
-        table = tables.get(key)
-        keep = table is None or rank in flagged_ranks(table, distance_pct) or rank in (requested or {}).get(key, ())
-        if keep:
-            held.replace(held.with_name(held.name.removesuffix(HELD_SUFFIX)))
-        else:
+        decision = keep.get((held.parent.parent.name, int(held.parent.name.removeprefix("window_"))))
+        if decision is None and not final:
+            continue
+        if decision is False:
             held.unlink()
-        kept[key] = keep
-    return kept
+        else:
+            held.replace(held.with_name(held.name.removesuffix(HELD_SUFFIX)))

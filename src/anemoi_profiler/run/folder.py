@@ -1,24 +1,20 @@
 """The run folder's lifecycle, the same for a Trainer run and for component profiling.
 
-Create it with the config and the environment, open the MLflow sink that spools into it, upload it to the
-MLflow run at the end, and say where to look.
+Create it with the config and the environment, upload it to the MLflow run at the end, and say where to look.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config import ProfilerConfig
-from ..layout import ARTIFACT_ROOT, CONFIG_FILE, ENVIRONMENT_FILE, NOT_UPLOADED, create_run_folder, spool_dir
+from ..layout import ARTIFACT_ROOT, CONFIG_FILE, ENVIRONMENT_FILE, NOT_UPLOADED, create_run_folder
 from ..redaction import redact, redact_uri
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import run_url
-
-log = logging.getLogger(__name__)
 
 LOCAL_UI = "http://127.0.0.1:5000"
 """Where `mlflow ui` serves by default."""
@@ -38,42 +34,6 @@ def redacted_yaml(config: ProfilerConfig) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.create(redact(config.to_dict())))
-
-
-def open_sink(
-    config: ProfilerConfig,
-    run_dir: Path,
-    rank: int,
-    tracking_uri: str,
-    *,
-    run_name: str,
-    run_id: str | None = None,
-    key_prefix: str = "",
-) -> TrackingSink | None:
-    """The sink of this rank, spooling below the run folder; None (with a warning) when the spool cannot be
-    written: then nothing goes to MLflow, and the training goes on."""
-    tracking = config.tracking
-    try:
-        return TrackingSink(
-            tracking_uri,
-            tracking.experiment,
-            spool_dir(run_dir, rank),
-            run_id=run_id,
-            run_name=run_name,
-            key_prefix=key_prefix,
-            flush_interval_s=tracking.flush_interval_s,
-            retry_interval_s=tracking.retry_interval_s,
-            relay_requests=rank == 0 and config.triggers.enabled and config.triggers.requests,
-        )
-    except OSError as error:
-        log.warning(
-            "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
-            "run, training goes on",
-            spool_dir(run_dir, rank).parent,
-            type(error).__name__,
-            error.strerror or error,
-        )
-        return None
 
 
 def upload_folder(sink: TrackingSink, run_dir: Path, kept_local: Collection[Path] = ()) -> None:

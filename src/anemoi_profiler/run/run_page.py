@@ -19,8 +19,8 @@ from ..config import ProfilerConfig
 from ..layout import ARTIFACT_ROOT, REPORT_HTML, REPORT_JSON, REPORT_TXT
 from ..redaction import redact
 from ..reports.description import run_description
-from ..reports.diagnosis import NotAssessed, Outcome, assess, fired
-from ..reports.run_data import load_run
+from ..reports.diagnosis import NotAssessed, Outcome, fired
+from ..reports.run_data import RunData
 from ..tracking.sink import TrackingSink
 
 log = logging.getLogger(__name__)
@@ -83,25 +83,30 @@ def config_params(config: ProfilerConfig, run_dir: Path) -> dict[str, str]:
     return params
 
 
-def start(sink: TrackingSink, config: ProfilerConfig, run_dir: Path, device: str, device_count: int) -> None:
+def start(
+    sink: TrackingSink,
+    config: ProfilerConfig,
+    run_dir: Path,
+    environment: Mapping[str, Any],
+    device: str,
+    device_count: int,
+) -> None:
     """Rank 0 at the start: tags and params, in the run the sink writes to (the profiler's own or the user's).
 
     Never raises: without them the run still gets every measurement.
     """
     try:
-        environment = load_run(run_dir).environment
         sink.set_tags(start_tags(environment, run_dir, device, device_count))
         sink.log_params(config_params(config, run_dir))
     except Exception as error:
         log.warning("anemoi-profiler: no tags and params for the MLflow run: %s: %s", type(error).__name__, error)
 
 
-def finish(sink: TrackingSink, config: ProfilerConfig, run_dir: Path) -> None:
-    """Rank 0 at the end, after the report: the verdicts as a tag and the diagnosis as the description."""
-    run = load_run(run_dir)
-    outcomes = assess(run)
+def finish(sink: TrackingSink, config: ProfilerConfig, run: RunData, outcomes: dict[str, Outcome]) -> None:
+    """Rank 0 at the end, after the report: the verdicts as a tag and the diagnosis (`diagnosis.assess` of the
+    run read back) as the description."""
     sink.set_tags({f"{PREFIX}verdict": verdict_tag(outcomes)})
-    sink.set_description(run_description(run, outcomes, _report_location(config, run_dir)))
+    sink.set_description(run_description(run, outcomes, _report_location(config, run.folder)))
 
 
 def verdict_tag(outcomes: dict[str, Outcome]) -> str:

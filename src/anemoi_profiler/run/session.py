@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..config import ProfilerConfig
+from ..layout import spool_dir
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
-from ..reports.diagnosis import diagnosis_section
+from ..reports.diagnosis import Outcome, assess, render_section
+from ..reports.run_data import RunData, load_run
 from ..tracking import prestart_tracking
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
@@ -25,15 +27,13 @@ from . import run_page, trainer_info
 from .clock import OwnWorkClock, StageClock
 from .distributed import RankExchange
 from .environment import collect_environment
-from .folder import open_sink, print_where_to_look, upload_folder, write_run_folder
+from .folder import print_where_to_look, upload_folder, write_run_folder
 from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .parallelism import Parallelism, detect_parallelism
 from .triggers import TriggerWatch
 
 log = logging.getLogger(__name__)
-
-"""From how long a wait of the run's end for the MLflow sender's start-up the run's last lines say so."""
 
 
 class ProfilerSession:
@@ -51,6 +51,7 @@ class ProfilerSession:
         self._members: set[int] = set()
         self._kept_local: set[Path] = set()
         self._report: RunReport | None = None
+        self._read_back: tuple[RunData, dict[str, Outcome]] | None = None  # the run as its reports show it
         self._summary_metrics: dict[str, float] = {}
         self._after_release: list[Callable[[], ReportSection | None]] = []
         self.history = MetricHistory()
@@ -150,9 +151,11 @@ class ProfilerSession:
         self.history = MetricHistory()
         self.run_dir = None
         self._report = None
+        self._read_back = None
         self.sink = None
         header: dict[str, Any] = {}
-        run_dir = self._write_run_folder(trainer, header) if self.is_global_zero else None
+        environment: dict[str, Any] = {}
+        run_dir = self._write_run_folder(trainer, environment, header) if self.is_global_zero else None
         # Every rank learns whether rank 0 could write the run folder, so they all stay in step.
         shared = self._from_rank_zero(trainer, str(run_dir) if run_dir else None)
         if shared is None:
@@ -160,14 +163,15 @@ class ProfilerSession:
         self.run_dir = Path(shared)
         if self.config.triggers.enabled:
             self.triggers = TriggerWatch.of_config(self.config, self.world_size, self.global_rank, self.run_dir)
-            self.stage_clock.train_exchange = self.triggers
+            self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
-        self._start_sink(trainer)
+        self._start_sink(trainer, environment)
 
-    def _write_run_folder(self, trainer: Any, header: dict[str, Any]) -> Path | None:
-        """Rank 0: create the run folder with the config and the environment; None when the disk refuses."""
+    def _write_run_folder(self, trainer: Any, environment: dict[str, Any], header: dict[str, Any]) -> Path | None:
+        """Rank 0: create the run folder with the config and the environment (collected into `environment`);
+        None when the disk refuses."""
         try:
-            environment = collect_environment(trainer)
+            environment.update(collect_environment(trainer))
             environment.update(
                 hosts=self.hosts,
                 data_parallel_size=self.parallelism.data_parallel_size,
@@ -186,7 +190,7 @@ class ProfilerSession:
         header.update(_header_from_environment(environment, trainer))
         return run_dir
 
-    def _start_sink(self, trainer: Any) -> None:
+    def _start_sink(self, trainer: Any, environment: dict[str, Any]) -> None:
         tracking = self.config.tracking
         logger = trainer_info.find_mlflow_logger(trainer)
         logger_uri = trainer_info.logger_tracking_uri(logger) if logger is not None else None
@@ -216,7 +220,7 @@ class ProfilerSession:
                 self.sink = self._open_sink(run_id, prefix)
         if self.is_global_zero and self.sink is not None:
             device = str(trainer_info.root_device(trainer))
-            run_page.start(self.sink, self.config, self.run_dir, device, trainer_info.num_devices(trainer))
+            run_page.start(self.sink, self.config, self.run_dir, environment, device, trainer_info.num_devices(trainer))
 
     def _open_sink(self, run_id: str | None, key_prefix: str) -> TrackingSink | None:
         assert self.run_dir is not None and self.tracking_uri is not None
@@ -254,7 +258,7 @@ class ProfilerSession:
             (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
              self._write_html_report),
             (sink is not None and self.is_global_zero and self._report is not None, "describe the MLflow run",
-             lambda: run_page.finish(sink, self.config, run_dir)),
+             lambda: self._describe_run(sink)),
             (sink is not None and bool(self._summary_metrics), "log summary metrics",
              lambda: sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
             (sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
@@ -281,13 +285,15 @@ class ProfilerSession:
     def _run_after_release(self) -> None:
         for work in self._after_release:
             try:
-                self.add_section(work())
+                self.add_summary([work()])
             except Exception as error:
                 log.warning(
                     "anemoi-profiler: %s failed: %s: %s", getattr(work, "__name__", work), type(error).__name__, error
                 )
 
     def _write_report(self, trainer: Any) -> None:
+        """metrics.json; the run read back and diagnosed, once (report.html and the run page show the same);
+        report.txt and report.json with the diagnosis first."""
         assert self._report is not None and self.run_dir is not None
         report = self._report
         report.header.update(
@@ -297,18 +303,39 @@ class ProfilerSession:
         )
         self.history.add(self._summary_metrics, trainer_info.global_step(trainer))
         self.history.write(self.run_dir)
-        diagnosis = diagnosis_section(self.run_dir)  # reads metrics.json just written; never raises
-        if diagnosis is not None:
-            report.sections.insert(0, diagnosis)
+        self._read_back = self._read_back_and_diagnose(report)
+        if self._read_back is not None:
+            report.sections.insert(0, render_section(self._read_back[1]))
         report.write(self.run_dir, txt=self.config.report.txt, as_json=self.config.report.json)
         if self.config.report.console:
             report.print_console()
 
+    def _read_back_and_diagnose(self, report: RunReport) -> tuple[RunData, dict[str, Outcome]] | None:
+        """The run as `anemoi-profiler report` reads it later (the report's sections from memory: report.json
+        is written after the diagnosis it opens with) and what each check finds; None, said once, when the
+        run folder cannot be read back."""
+        assert self.run_dir is not None
+        try:
+            run = load_run(self.run_dir, report.to_json())
+            return run, assess(run)
+        except Exception as error:
+            log.warning(
+                "anemoi-profiler: no diagnosis, report.html or run description: cannot read the run folder back: "
+                "%s: %s",
+                type(error).__name__,
+                error,
+            )
+            return None
+
     def _write_html_report(self) -> None:
         from ..reports.html import write_html_report  # the report modules, at the end only
 
-        assert self.run_dir is not None
-        write_html_report(self.run_dir)  # and plots/*.svg, uploaded with the run folder
+        if self._read_back is not None:  # else the report's step said why
+            write_html_report(*self._read_back)  # and plots/*.svg, uploaded with the run folder
+
+    def _describe_run(self, sink: TrackingSink) -> None:
+        if self._read_back is not None:  # else the report's step said why
+            run_page.finish(sink, self.config, *self._read_back)
 
     # ---- what callbacks call ----
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -332,10 +359,14 @@ class ProfilerSession:
         """Keep a file or folder of the run folder out of the MLflow upload (e.g. traces over the size cap)."""
         self._kept_local.add(Path(path).resolve())
 
-    def add_section(self, section: ReportSection | None, summary_metrics: dict[str, float] | None = None) -> None:
-        """Add a report section and end-of-run `summary/...` values (rank 0 writes them)."""
+    def add_summary(
+        self, sections: Iterable[ReportSection | None], summary_metrics: dict[str, float] | None = None
+    ) -> None:
+        """Add report sections and end-of-run `summary/...` values (rank 0 writes them): what a member's
+        `summarize` returns, and what work after the release (`after_release`) gives."""
         if self._report is not None:
-            self._report.add(section)
+            for section in sections:
+                self._report.add(section)
         self._summary_metrics.update(summary_metrics or {})
 
 
@@ -350,3 +381,39 @@ def _header_from_environment(environment: dict[str, Any], trainer: Any) -> dict[
         "strategy": environment.get("strategy"),
         "versions": ", ".join(f"{k} {v}" for k, v in environment["packages"].items() if v),
     }
+
+
+def open_sink(
+    config: ProfilerConfig,
+    run_dir: Path,
+    rank: int,
+    tracking_uri: str,
+    *,
+    run_name: str,
+    run_id: str | None = None,
+    key_prefix: str = "",
+) -> TrackingSink | None:
+    """The sink of this rank, spooling below the run folder; None (with a warning) when the spool cannot be
+    written: then nothing goes to MLflow, and the training goes on."""
+    tracking = config.tracking
+    try:
+        return TrackingSink(
+            tracking_uri,
+            tracking.experiment,
+            spool_dir(run_dir, rank),
+            run_id=run_id,
+            run_name=run_name,
+            key_prefix=key_prefix,
+            flush_interval_s=tracking.flush_interval_s,
+            retry_interval_s=tracking.retry_interval_s,
+            relay_requests=rank == 0 and config.triggers.enabled and config.triggers.requests,
+        )
+    except OSError as error:
+        log.warning(
+            "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
+            "run, training goes on",
+            spool_dir(run_dir, rank).parent,
+            type(error).__name__,
+            error.strerror or error,
+        )
+        return None

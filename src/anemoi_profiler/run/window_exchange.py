@@ -1,68 +1,152 @@
 """Every rank's window summaries in one fixed-shape all-gather; rank 0 writes the table and the spread metrics.
 
-Each rank sends `VECTOR_LENGTH` float64 per window (kernel names as hashes; each rank writes its own name table
-in `window_summaries/`), so the gathered table is `world_size x VECTOR_LENGTH x 8` bytes a window, whatever
-the windows held: 8 ranks 5.4 kB, 64 ranks 43 kB, 1,000 ranks 0.67 MB (`exchange_bytes`). Ranks that did not
-profile send NaN and are left out of the table. MLflow gets, per field, the min, median and max over ranks and
-the rank of the max (`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index).
+The exchange happens during the run: at the first training interval after every rank has summarised its
+windows (each rank says in the clock's exchange how many it has ready and how many are still being
+summarised: `WindowExchange`), and once more at the run's end for what is left (validation windows after the
+last training interval, a run without interval metrics). Each rank sends a row of `ROW_LENGTH` float64 per
+window (the window's stage and index, then the summary with kernel names as hashes; each rank writes its own
+name table in `window_summaries/`), as many rows as the rank with the most windows ready (padded with NaN), so
+the gathered table is `world_size x ROW_LENGTH x 8` bytes a window, whatever the windows held: 8 ranks 5.8 kB,
+64 ranks 46 kB, 1,000 ranks 0.72 MB (`exchange_bytes`). Ranks that did not record a window are left out of its
+table. MLflow gets, per field, the min, median and max over ranks and the rank of the max
+(`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index), as each window is exchanged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from .. import names
 from ..layout import WINDOW_SUMMARIES_DIR, kernel_names_path, window_summary_path
-from ..profiling.window_summaries import WindowKey
+from ..profiling.window_summaries import WindowKey, WindowSummaries
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
 from ..profiling.window_table import NOT_ASSESSED, WindowTable
 from ..report import ReportSection
 from .distributed import RankExchange
+from .flagged_traces import keeps_trace, settle_held_traces
+from .clock import RankTotals
+from .session import ProfilerSession
+
+log = logging.getLogger(__name__)
 
 SPREAD_SUFFIXES = ("min", "median", "max", "argmax_rank")
+EXCHANGED_STAGES = ("train", "val", "component")
+"""A row names its window's stage by its index here."""
+ROW_LENGTH = 2 + VECTOR_LENGTH
+"""Per window: stage index, window index, the summary's vector."""
 
 
 def exchange_bytes(world_size: int, windows: int = 1) -> tuple[int, int]:
     """(bytes each rank sends, bytes of the gathered table every rank receives) for `windows` windows."""
-    per_rank = windows * VECTOR_LENGTH * np.dtype(np.float64).itemsize
+    per_rank = windows * ROW_LENGTH * np.dtype(np.float64).itemsize
     return per_rank, world_size * per_rank
 
 
 def exchange_summaries(
-    exchange: RankExchange, run_dir: Path, mine: dict[WindowKey, WindowSummary]
+    exchange: RankExchange, run_dir: Path, mine: dict[WindowKey, WindowSummary], slots: int
 ) -> dict[WindowKey, WindowTable]:
-    """Every window's table of all ranks (a collective: every rank calls it, profiled or not); {} on failure.
+    """The tables of every window some rank sent (a collective: every rank calls it with the same `slots`, the
+    most windows any rank sends, profiled or not); {} on failure.
 
     This rank's kernel-name tables are written first, so rank 0 finds them after the gather on a shared file
     system; without one, a kernel of another rank shows as its hash.
     """
     for (stage, window), summary in mine.items():
         path = kernel_names_path(run_dir, stage, window, exchange.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary.name_table(), indent=1))
-    keys = sorted({tuple(key) for text in exchange.gather_texts(json.dumps(sorted(mine))) for key in json.loads(text)})
-    if not keys:
-        return {}
-    payload = np.full((len(keys), VECTOR_LENGTH), np.nan)
-    for index, key in enumerate(keys):
-        if key in mine:
-            payload[index] = mine[key].vector()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(summary.name_table(), indent=1))
+        except OSError as error:  # the gather goes on: the other ranks wait in it
+            log.warning("anemoi-profiler: kernel names of window %s/%d not written: %s", stage, window, error)
+    payload = np.full((slots, ROW_LENGTH), np.nan)
+    for row, ((stage, window), summary) in zip(payload, sorted(mine.items()), strict=False):
+        row[:2] = EXCHANGED_STAGES.index(stage), window
+        row[2:] = summary.vector()
     gathered = exchange.gather(payload.ravel().tolist())
     if gathered is None:
         return {}
-    everyone = np.array(gathered).reshape(len(gathered), len(keys), VECTOR_LENGTH)
+    rows: dict[WindowKey, dict[int, np.ndarray]] = {}
+    for rank, sent in enumerate(np.array(gathered).reshape(len(gathered), slots, ROW_LENGTH)):
+        for row in sent[~np.isnan(sent[:, 0])]:
+            rows.setdefault((EXCHANGED_STAGES[int(row[0])], int(row[1])), {})[rank] = row[2:]
     tables = {}
-    for index, (stage, window) in enumerate(keys):
-        rows = everyone[:, index, :]
-        ranks = [rank for rank in range(len(rows)) if not np.isnan(rows[rank]).all()]
-        names = {}
+    for (stage, window), by_rank in sorted(rows.items()):
+        ranks = sorted(by_rank)
+        kernel_names = {}
         for rank in ranks:
-            names.update(_read_names(kernel_names_path(run_dir, stage, window, rank)))
-        tables[(stage, window)] = WindowTable(ranks, rows[ranks], names)
+            kernel_names.update(_read_names(kernel_names_path(run_dir, stage, window, rank)))
+        tables[(stage, window)] = WindowTable(ranks, np.array([by_rank[rank] for rank in ranks]), kernel_names)
     return tables
+
+
+class WindowExchange:
+    """One session's window summaries, exchanged at training intervals (a hook of the clock's training exchange)
+    and at the end; every rank decides from the same gathered table which of its held traces to keep."""
+
+    def __init__(
+        self,
+        session: ProfilerSession,
+        summaries: WindowSummaries | None,
+        flag_distance_pct: float | None,
+        requested: Callable[[], Mapping[WindowKey, Collection[int]]],
+    ) -> None:
+        """`flag_distance_pct` with `profiler.traces: flagged`, else None; `requested`: the ranks each triggered or
+        requested window was opened for, which keep its trace."""
+        self._session = session
+        self._summaries = summaries
+        self._flag_distance_pct = flag_distance_pct
+        self._requested = requested
+        self._offered: list[WindowKey] = []
+        self.tables: dict[WindowKey, WindowTable] = {}
+        self._keep_trace: dict[WindowKey, bool] = {}
+
+    def outgoing(self, local: RankTotals) -> None:
+        """Say how many windows this rank has summarised (those are offered) and how many are still running."""
+        if self._summaries is not None:
+            self._offered = self._summaries.ready()
+            local.windows_ready = float(len(self._offered))
+            local.windows_summarising = float(self._summaries.running())
+
+    def received(self, step: int, ranks: list[RankTotals]) -> None:
+        """Exchange the offered windows once some rank has one and none is still summarising (all ranks decide
+        alike from the same gathered figures, so all of them join the gather)."""
+        slots = int(max(rank.windows_ready for rank in ranks))
+        if slots and not any(rank.windows_summarising for rank in ranks):
+            offered, self._offered = self._offered, []
+            with self._session.own_work.measure():
+                self._share(self._summaries.take(offered) if self._summaries is not None else {}, slots, final=False)
+
+    def finish(self) -> None:
+        """At the session's end, on every rank: exchange what is left, then settle every held trace."""
+        mine = self._summaries.collect() if self._summaries is not None else {}
+        counts = self._session.exchange.gather([float(len(mine))])
+        slots = int(max(count[0] for count in counts)) if counts else 0
+        self._share(mine, slots, final=True)
+
+    def _share(self, mine: dict[WindowKey, WindowSummary], slots: int, final: bool) -> None:
+        session = self._session
+        assert session.run_dir is not None
+        tables = exchange_summaries(session.exchange, session.run_dir, mine, slots) if slots else {}
+        self.tables.update(tables)
+        try:  # after the gather, each rank's own work: an error here cannot leave another rank waiting
+            if self._flag_distance_pct is not None:
+                requested = self._requested()
+                for key, table in tables.items():
+                    self._keep_trace[key] = session.global_rank in requested.get(key, ()) or keeps_trace(
+                        table, session.global_rank, self._flag_distance_pct
+                    )
+                settle_held_traces(session.run_dir, session.global_rank, self._keep_trace, final)
+            if session.is_global_zero:
+                write_tables(session.run_dir, tables)
+                for (stage, window), table in tables.items():
+                    session.log_metrics(spread_metrics(stage, table), step=window)
+        except Exception as error:
+            log.warning("anemoi-profiler: window summaries: %s: %s", type(error).__name__, error)
 
 
 def write_tables(run_dir: Path, tables: dict[WindowKey, WindowTable]) -> None:

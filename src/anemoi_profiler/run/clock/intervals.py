@@ -108,6 +108,10 @@ class RankTotals:
     """Its ranks as a bit mask; 0: the configured profiled ranks."""
     requested_memory: float = 0.0
     """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
+    windows_ready: float = 0.0
+    """Profiling windows summarised and not yet exchanged (see `run.window_exchange`)."""
+    windows_summarising: float = 0.0
+    """Profiling windows whose summary is still being computed: their exchange waits for them."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):

@@ -88,8 +88,8 @@ class StageClock:
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
         """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
-        self.train_exchange: TrainExchangeHook | None = None
-        """Set by the session when triggers are on: adds to each training exchange and reads what it gathered."""
+        self.train_exchanges: list[TrainExchangeHook] = []
+        """Add to each training exchange and read what it gathered: triggers, the window summaries' exchange."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
         """Add a listener; True when it is the first, which then drives the clock from its hooks."""
@@ -231,8 +231,8 @@ class StageClock:
         for listener in self.listeners:
             for name, value in listener.rank_values(stage).items():
                 setattr(local, name, value)
-        if stage == "train" and self.train_exchange is not None:
-            self.train_exchange.outgoing(local)
+        for hook in self.train_exchanges if stage == "train" else ():
+            hook.outgoing(local)
         # Every rank reaches this point at the same batch count, so the collective lines up.
         ranks = self._gather(local)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
@@ -249,8 +249,8 @@ class StageClock:
             for rank_sums, rank in zip(sums, ranks, strict=True):
                 rank_sums.add(rank)
             self.exchanged[stage] = sums
-        if ranks and stage == "train" and self.train_exchange is not None:
-            self.train_exchange.received(trainer_info.global_step(trainer), ranks)
+        for hook in self.train_exchanges if ranks and stage == "train" else ():
+            hook.received(trainer_info.global_step(trainer), ranks)
         if laps:
             for listener in self.listeners:
                 listener.report_laps(trainer, stage, laps, ranks)
