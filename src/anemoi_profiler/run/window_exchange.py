@@ -27,9 +27,9 @@ from ..profiling.window_summaries import WindowKey, WindowSummaries
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
 from ..profiling.window_table import NOT_ASSESSED, WindowTable
 from ..report import ReportSection
+from .clock import RankTotals
 from .distributed import RankExchange
 from .flagged_traces import keeps_trace, settle_held_traces
-from .clock import RankTotals
 from .session import ProfilerSession
 
 log = logging.getLogger(__name__)
