@@ -77,6 +77,15 @@ def test_no_source_module_is_over_the_size_limit() -> None:
     assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
 
 
+def test_no_benchmark_or_example_module_is_over_the_size_limit() -> None:
+    """The benchmark harness and the examples are read and changed like the package: the same limit."""
+    repo = PACKAGE.parents[1]
+    paths = [*(repo / "benchmarks").rglob("*.py"), *(repo / "examples").rglob("*.py")]
+    assert paths
+    sizes = {str(path.relative_to(repo)): len(path.read_text().splitlines()) for path in paths}
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
 def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
     names = {
         value
