@@ -40,6 +40,8 @@ LINTED := src tests benchmarks examples
 test: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -228,6 +228,7 @@ def fit_once(
         extras={
             "end_of_fit_s": fit_ended - clock.batch_ends[-1],
             "best_step_ms": clock.best_step_ms(),
+            "step_cpu_times_ms": clock.step_cpu_times_ms(),
             "thread_cpu_us_per_batch": {
                 name: seconds * 1e6 / clock.measured_batches for name, seconds in clock.background_cpu_s.items()
             },

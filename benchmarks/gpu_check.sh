@@ -71,7 +71,9 @@ fi
 if [[ ",$checks," == *,window_summary,* ]]; then
     note "window_summary: in process beside torch's export, summarize and HTA"
     "$PYTHON" benchmarks/gpu_window_summary_check.py "$OUT/ws" 2>&1 | tee -a "$OUT/run.log" || status=1
-    "$PYTHON" benchmarks/hta_agreement.py "$OUT/ws" --json "$OUT/ws_agreement.json" 2>&1 | tee -a "$OUT/run.log"
+    mkdir -p "$work/ws_trace" && cp "$OUT/ws/rank0.pt.trace.json.gz" "$work/ws_trace/" \
+        && "$PYTHON" benchmarks/hta_agreement.py "$work/ws_trace" --json "$OUT/ws_agreement.json" 2>&1 \
+        | tee -a "$OUT/run.log"
 fi
 
 if [[ ",$checks," == *,bench,* ]]; then

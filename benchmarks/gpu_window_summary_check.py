@@ -24,7 +24,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from anemoi_profiler.profiling.kineto_events import window_events_from_kineto
+from anemoi_profiler.profiling.kineto_events import reads_in_process, window_events_from_kineto
+from anemoi_profiler.profiling.trace_stream import read_window_events
 from anemoi_profiler.profiling.window_summary import summarize
 from anemoi_profiler.profiling.window_table import WindowTable
 
@@ -53,15 +54,22 @@ def main(out: Path) -> None:
     def on_trace_ready(prof: profile) -> None:
         results = prof.profiler.kineto_results
         (out / "categories.json").write_text(json.dumps(describe_events(results.events()), indent=1))
-        started = time.perf_counter()
-        summary = summarize(window_events_from_kineto(results))
-        seconds = time.perf_counter() - started
+        exported = out / "rank0.pt.trace.json"
+        if reads_in_process():
+            started = time.perf_counter()
+            summary = summarize(window_events_from_kineto(results))
+            seconds = time.perf_counter() - started
+            prof.export_chrome_trace(str(exported))  # kineto saves a window once: after the in-process read
+        else:  # torch < 2.12: the profiler reads the trace kineto saves, as here
+            prof.export_chrome_trace(str(exported))
+            started = time.perf_counter()
+            summary = summarize(read_window_events(exported))
+            seconds = time.perf_counter() - started
         table = WindowTable.of({0: summary}).to_json()
         table["seconds"] = seconds
         table["events"] = len(results.events())  # seconds / events: the reader's cost an event on a real GPU mix
+        table["read"] = "in process" if reads_in_process() else "from the saved trace (torch < 2.12)"
         (out / "in_process.json").write_text(json.dumps(table, indent=1))
-        exported = out / "rank0.pt.trace.json"
-        prof.export_chrome_trace(str(exported))
         with exported.open("rb") as plain, gzip.open(out / "rank0.pt.trace.json.gz", "wb") as packed:
             shutil.copyfileobj(plain, packed)
         exported.unlink()

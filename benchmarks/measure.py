@@ -41,6 +41,7 @@ class StepClock(Callback):
         self.total = total
         self.sync_cuda = sync_cuda
         self.batch_ends: list[float] = []
+        self.batch_cpu_ends: list[float] = []  # the training thread's CPU time: steadier than wall on a busy machine
         self.background_cpu_s: dict[str, float] = {}  # per thread, over the measured batches
         self._threads_at_warmup: dict[str, float] = {}
 
@@ -49,6 +50,7 @@ class StepClock(Callback):
         if self.sync_cuda and done in (self.warmup, self.total):
             torch.cuda.synchronize()
         self.batch_ends.append(time.perf_counter())
+        self.batch_cpu_ends.append(time.thread_time())
         if done == self.warmup:
             self._threads_at_warmup = background_thread_cpu_s()
         elif done == self.total:  # the steady state's share; the callbacks' threads end with the fit
@@ -77,6 +79,11 @@ class StepClock(Callback):
         ends = self.batch_ends[self.warmup - 1 :]
         spans = [later - earlier for earlier, later in zip(ends, ends[window:], strict=False)]
         return min(spans) / window * 1000 if spans else self.step_ms
+
+    def step_cpu_times_ms(self) -> list[float]:
+        """The training thread's CPU time in each measured batch (its hooks, the model's host work)."""
+        ends = self.batch_cpu_ends[self.warmup - 1 :]
+        return [(later - earlier) * 1000 for earlier, later in itertools.pairwise(ends)]
 
     def step_times_ms(self) -> list[float]:
         """Host time of each measured batch (on CUDA without a sync: the device may lag behind)."""

@@ -1,7 +1,7 @@
 """Profile a LayerNorm on its own, eager and compiled, with the same reports as a training run.
 
-    python examples/component_profiling.py            # CPU; add --device cuda on a GPU machine
-    anemoi-profiler component --config examples/component.yaml
+    python examples/component_profiling.py --output-dir /tmp/component   # CPU; add --device cuda on a GPU machine
+    anemoi-profiler component --config examples/component.yaml --output-dir /tmp/component
 
 Each run writes a run folder with traces/component/window_<k>/rank0.pt.trace.json.gz, time_report.csv,
 memory_report.txt and report.txt; compare the eager and compiled folders' time reports.
@@ -27,11 +27,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--output-dir", default="profiler_runs/component", help="where the run folders go")
     args = parser.parse_args()
     config = ProfilerConfig.load(
         None,
         [
-            "output_dir=profiler_runs/component",
+            f"output_dir={args.output_dir}",
             "tracking.enabled=false",
             "profiler.train.skip_first=3",  # the first calls compile (with torch.compile) and warm caches
             "profiler.train.wait=1",

@@ -84,6 +84,9 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
         assert cost["bare_step_us"] > 0, cost
         assert cost["overhead_pct"] == pytest.approx(cost["training_thread_pct"] + cost["background_threads_pct"])
     assert "ratio_to_always_on" in results["overhead"]["outside_windows"]
+    armed = results["overhead"]["triggers_armed"]
+    assert set(armed) == {"wall_median", "wall_p10", "cpu_median", "cpu_p10"}
+    assert all(value["ratio_to_simple"]["median"] > 0 and value["control_ratio"]["n"] >= 1 for value in armed.values())
     delivered = results["short_run"]["delivered"]
     assert delivered["status"] == "FINISHED" and delivered["metrics"] > 0, delivered
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered

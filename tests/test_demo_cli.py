@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import names
+from anemoi_profiler.tracking.mlflow_target import EXPERIMENT_TAGS
 
 # The console script installed beside this interpreter: what a user of this environment runs.
 CLI = str(Path(sys.executable).with_name("anemoi-profiler"))
@@ -35,7 +36,9 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
     assert not (tmp_path / "mlruns").exists()  # nothing in the refused file store, nothing in the cwd
 
     client = MlflowClient(f"sqlite:///{database}")
-    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    experiment = client.get_experiment_by_name("anemoi-profiler")
+    assert EXPERIMENT_TAGS.items() <= experiment.tags.items()  # made before the demo's logger, as the profiler does
+    (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     for key in (
         names.TRAIN_SAMPLES_PER_SEC,

@@ -62,6 +62,9 @@ def test_hydra_example_takes_the_group_and_command_line_overrides(
         omegaconf23_env, tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # The store this test chose, with its artifacts beside it, and paths.output: no outputs/, Hydra's record is in out/
+    assert {path.name for path in tmp_path.iterdir()} <= {"mlflow.db", "mlartifacts", "out"}
+    assert list((tmp_path / "out" / "hydra").glob("*/.hydra/config.yaml"))
 
     (folder,) = run_folders(tmp_path / "out" / "profiler")  # ${paths.output}/profiler, resolved
     config = yaml.safe_load((folder / "config.yaml").read_text())

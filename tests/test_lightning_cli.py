@@ -71,10 +71,12 @@ def test_lightning_cli_example_puts_every_callback_into_the_loggers_run(tmp_path
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert [path.name for path in tmp_path.iterdir()] == ["lightning_cli_run"]  # one folder, named in the YAML
 
-    (folder,) = run_folders(tmp_path / "profiler_runs")  # three callbacks, one session
+    written = tmp_path / "lightning_cli_run"
+    (folder,) = run_folders(written / "profiler")  # three callbacks, one session
     assert {"Throughput", "Step time and memory", "System"} <= set(sections(folder))
-    client = MlflowClient("sqlite:///" + str(tmp_path / "mlflow.db"))
+    client = MlflowClient("sqlite:///" + str(written / "mlflow.db"))
     (run,) = client.search_runs([client.get_experiment_by_name("lightning-cli").experiment_id])
     assert {"train/loss", names.TRAIN_SAMPLES_PER_SEC, names.TRAIN_STEP_MS, names.CPU_UTILIZATION,
             names.SUMMARY_TRAIN_SAMPLES_PER_SEC} <= set(run.data.metrics)  # fmt: skip

@@ -200,36 +200,19 @@ def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path:
     assert not from_torch.device_assessed and not from_file.device_assessed
 
 
-def test_a_torch_without_activity_type_reads_the_window_kineto_saves() -> None:
-    """torch < 2.12 has no `_KinetoEvent.activity_type`: the window is saved by kineto and read back, with the
-    figures of the in-process path."""
+def test_the_window_kineto_saves_gives_the_figures_of_the_in_process_read() -> None:
+    """torch < 2.12 has no `_KinetoEvent.activity_type`: there the window is read from the trace kineto saves."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from anemoi_profiler.profiling.kineto_events import window_events_from_kineto
+    from anemoi_profiler.profiling.kineto_events import window_events_from_kineto, window_events_from_saved
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for step in range(3):
             with record_function(f"ProfilerStep#{step}"):
                 torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()
-    results = prof.profiler.kineto_results
-    in_process = summarize(window_events_from_kineto(results))
-
-    class OldEvent:  # the accessors torch 2.11 has: everything but activity_type
-        def __init__(self, event: object) -> None:
-            self.event = event
-
-        def start_ns(self) -> int:
-            return self.event.start_ns()  # type: ignore[attr-defined]
-
-    class OldResults:
-        def events(self) -> list[OldEvent]:
-            return [OldEvent(event) for event in results.events()]
-
-        def save(self, path: str) -> None:
-            results.save(path)
-
-    saved = summarize(window_events_from_kineto(OldResults()))
+    in_process = summarize(window_events_from_kineto(prof.profiler.kineto_results))
+    saved = summarize(window_events_from_saved(prof.profiler.kineto_results))
     assert saved.values["steps"] == in_process.values["steps"] == 3
     assert saved.values["window_ms"] == pytest.approx(in_process.values["window_ms"], rel=1e-3)
     assert saved.values["host_busy_pct"] == pytest.approx(in_process.values["host_busy_pct"], abs=0.5)

@@ -95,7 +95,7 @@ def _target_name(target: Any) -> str:
 
 
 def _step_function(
-    target: Callable[..., Any], inputs: list[torch.Tensor], backward: bool, parameters: list[torch.Tensor]
+    target: Callable[..., Any], inputs: list[torch.Tensor], backward: bool, parameters: Sequence[torch.Tensor]
 ) -> Callable[[], None]:
     """One profiled step: a forward call, then (with `backward`) the backward of its tensor outputs.
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -103,7 +103,7 @@ class ProfilerConfig:
         LightningCLI (jsonargparse) hands over a `ProfilerConfig` built from YAML without `validate`; Hydra's
         `instantiate` a `DictConfig`; a YAML file may name a preset or a path.
         """
-        if isinstance(config, cls):
+        if isinstance(config, ProfilerConfig):
             config.validate()
             return config
         return cls.load(config)
@@ -257,7 +257,7 @@ def _resolved(section: Any) -> dict[str, Any]:
     except OmegaConfBaseException as error:
         raise ConfigError(_explain(error)) from None
     assert isinstance(data, dict)
-    return data
+    return cast(dict[str, Any], data)  # a key that is no string is named when the tree is merged
 
 
 def _checked_sections(data: dict[str, Any]) -> DictConfig:
@@ -309,7 +309,8 @@ def _expected_type(key: str) -> str:
         if part not in hints:
             break
         annotation = str(hints[part].type)
-        node = hints[part].default_factory() if callable(hints[part].default_factory) else None
+        factory = hints[part].default_factory
+        node = factory() if factory is not dataclasses.MISSING else None
     return annotation.replace("None", "null")
 
 

@@ -9,11 +9,12 @@ from typing import Any
 ITEM_COUNTING = ("replica", "rank")
 
 
-def _opt(default: Any, help: str) -> Any:
-    """A config field with its help text; docs/configuration.md is generated from these."""
+def _opt(default: Any, help: str | None) -> Any:
+    """A config field with its help text (a section's is its class docstring); docs/configuration.md is generated
+    from these."""
     if isinstance(default, type) or callable(default):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=default, metadata={"help": help or ""})
+    return field(default=default, metadata={"help": help or ""})
 
 
 @dataclass

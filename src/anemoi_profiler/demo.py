@@ -15,12 +15,12 @@ try:
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import MLFlowLogger
 except ImportError:  # pragma: no cover
-    import pytorch_lightning as pl
-    from pytorch_lightning.loggers import MLFlowLogger
+    import pytorch_lightning as pl  # type: ignore[no-redef]  # checked against lightning's
+    from pytorch_lightning.loggers import MLFlowLogger  # type: ignore[assignment]
 
 from .build import build_callbacks
 from .config import ConfigError, ProfilerConfig
-from .tracking.mlflow_target import EXPERIMENT_TAGS
+from .tracking.mlflow_target import experiment_id
 from .tracking.uris import artifact_location_for, resolve_tracking_uri
 
 
@@ -66,27 +66,12 @@ class DemoTransformer(pl.LightningModule):
         self.log("val/loss", nn.functional.mse_loss(self(tokens), target))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
 
 
 def tokens_in_batch(batch: Any) -> int:
     """Items for items_per_sec: tokens per batch (a shape product, so no device sync)."""
     return batch[0].numel()
-
-
-def _create_experiment(tracking_uri: str, name: str) -> None:
-    """Create the demo's experiment before its logger does, with the tags of the experiments the profiler creates
-    (MLflow's model-training kind); an existing one is left as it is."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    if client.get_experiment_by_name(name) is None:
-        try:
-            client.create_experiment(name, artifact_location_for(tracking_uri), tags=EXPERIMENT_TAGS)
-        except MlflowException:
-            if client.get_experiment_by_name(name) is None:  # not another job a moment ago: a real error
-                raise
 
 
 def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32, slow_data: bool = False) -> Any:
@@ -102,8 +87,11 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ConfigError(f"output_dir {config.output_dir} cannot be created: {error.strerror or error}") from None
+        from mlflow.tracking import MlflowClient
+
         tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
-        _create_experiment(tracking_uri, config.tracking.experiment)
+        # Made before the logger does, so that it is made as the profiler's own experiments are (their tags).
+        experiment_id(MlflowClient(tracking_uri), tracking_uri, config.tracking.experiment)
         logger = MLFlowLogger(
             experiment_name=config.tracking.experiment,
             tracking_uri=tracking_uri,
@@ -112,7 +100,7 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
         )
     trainer = pl.Trainer(
         max_steps=max_steps,
-        callbacks=callbacks,
+        callbacks=[*callbacks],  # as a list of Lightning's `Callback`, the type Trainer asks for
         logger=logger,
         accelerator="auto",
         devices=1,

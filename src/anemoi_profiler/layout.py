@@ -60,6 +60,20 @@ RUN_INFO_FILE = "run.json"
 """In each spool folder: the tracking URI (redacted), experiment, run id and run name the spool belongs to."""
 NOT_UPLOADED = (SPOOL_DIR,)
 """Top-level folders of a run folder that stay out of the MLflow upload."""
+HTA_SUMMARY = f"{HTA_DIR}/{HTA_SUMMARY_FILE}"
+RUN_FILES = (REPORT_JSON, METRICS_FILE, ENVIRONMENT_FILE)
+"""A folder with none of these is not a run folder."""
+REPORT_INPUTS = (
+    *RUN_FILES,
+    CONFIG_FILE,
+    STEPS_FILE,
+    WINDOWS_FILE,
+    f"{TIME_REPORT}.json",
+    f"{MEMORY_REPORT}.json",
+    MODEL_SUMMARY_FILE,
+    HTA_SUMMARY,
+)
+"""What reports and comparisons read: all an MLflow run's download needs (its traces only for `analyze`)."""
 
 _RUN_FOLDER_NAME = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
 

@@ -394,7 +394,7 @@ def _format_rank_table(metrics: dict[str, float], ranks: list[int]) -> list[str]
         rows.append(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks in temporal_breakdown.csv")
         idle = {r: metrics[names.hta_rank(r, "idle_pct")] for r in ranks if names.hta_rank(r, "idle_pct") in metrics}
         if idle:
-            busiest, idlest = min(idle, key=idle.get), max(idle, key=idle.get)
+            busiest, idlest = min(idle, key=idle.__getitem__), max(idle, key=idle.__getitem__)
             rows.append(
                 f"  most idle: rank {idlest} ({idle[idlest]:.1f}%), least: rank {busiest} ({idle[busiest]:.1f}%)"
             )

@@ -131,6 +131,7 @@ class MemorySnapshotCallback(ProfilerCallback):
     def _dump_window(self) -> None:
         first, last = self.window_start, self.batches_seen - 1
         try:
+            assert self.session.run_dir is not None  # hooks run once the session has its folder
             path = snapshot_path(self.session.run_dir, self.rank)
             self.dumps.append(dump_snapshot(path, f"training batches {first}-{last}"))
         finally:
@@ -174,6 +175,7 @@ class MemorySnapshotCallback(ProfilerCallback):
             return
         history = "with allocation history" if self.recording else "allocator state only: recording had ended"
         try:
+            assert self.session.run_dir is not None  # hooks run once the session has its folder
             path = snapshot_path(self.session.run_dir, self.rank, at_exception=True)
             self.dumps.append(dump_snapshot(path, f"{type(exception).__name__}, {history}"))
         finally:

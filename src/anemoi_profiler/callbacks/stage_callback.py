@@ -86,7 +86,7 @@ class StageCallback(ProfilerCallback):
         marks = insert_marks(trainer, self.clock.gaps, self, self._is_ours)
         ours = [c for c in trainer.callbacks if self._is_ours(c) or any(c is mark for mark in marks)]
         self.clock.gaps.attach(timer, frozenset(callback.state_key for callback in ours))
-        self._installed = (trainer, timer, marks)
+        self._installed: tuple[Any, LoopTimer, tuple[Any, ...]] | None = (trainer, timer, marks)
 
     def _is_ours(self, callback: Any) -> bool:
         return getattr(callback, "session", None) is self.session

@@ -78,8 +78,9 @@ class SystemMetricsCallback(ProfilerCallback):
         self.session.log_metrics(metrics, step)
 
     def stop_background_work(self) -> None:
-        if getattr(self, "sampler", None) is not None:
-            self.sampler.stop()
+        sampler = getattr(self, "sampler", None)
+        if sampler is not None:
+            sampler.stop()
 
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         self.stop_background_work()

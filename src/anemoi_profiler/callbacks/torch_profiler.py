@@ -71,6 +71,7 @@ class TorchProfilerCallback(ProfilerCallback):
         profiled = self.config.is_profiled_rank(self.session.global_rank)
         self._watch = self.session.triggers
         self._triggered: WindowPlan | None = None  # the triggered window this rank records now
+        self._unstarted: WindowPlan | None = None  # the last one opened, until its first recorded batch starts
         self._snapshot: WindowSnapshot | None = None  # and its memory snapshot, on CUDA
         self._device_type = trainer_info.root_device(trainer).type
         self._windows = None
@@ -109,6 +110,8 @@ class TorchProfilerCallback(ProfilerCallback):
         if self._watch is not None and self._watch.pending is not None and self._recorders["train"] is None:
             with self.session.own_work.measure():  # answering a request writes a file: not training time
                 self._open_triggered(self._batches["train"])
+        if self._unstarted is not None and self._batches["train"] == self._unstarted.start_batch:
+            self._unstarted.start_step, self._unstarted = trainer_info.global_step(trainer), None
         start, end = self._spans["train"]
         if start <= self._batches["train"] < end:
             self._begin_batch("train")
@@ -233,6 +236,7 @@ class TorchProfilerCallback(ProfilerCallback):
         scheduled_before = schedule.repeat if self._scheduled and batch >= schedule.end else 0
         plan = self._watch.open_pending(scheduled_before + len(self._watch.plans), batch + self._watch.warmup)
         assert plan is not None and plan.window is not None
+        self._unstarted = plan
         self._windows.number_next_window("train", plan.window)
         if self.session.global_rank in plan.ranks:
             triggered = WindowSchedule(batch, 0, plan.warmup, plan.steps, 1)

@@ -27,7 +27,7 @@ from ..analysis.hta_runner import (
 from ..analysis.preflight import NoTracesError, TraceError, parse_ranks
 from ..config import ConfigError
 from ..layout import ARTIFACT_ROOT, HTA_DIR, TRACES_DIR
-from ..reports.run_data import RunFolderError, resolve_run
+from ..tracking.run_download import RunDownloadError, resolve_run
 
 NAME = "analyze"
 HELP = "run Holistic Trace Analysis over traces (needs the 'hta' extra)"
@@ -86,7 +86,7 @@ def run_analyze(
     analyse = functools.partial(analyze, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb, ranks=ranks)
     try:
         summary = _analyze_target(target, output, analyse, tracking_uri)
-    except (TraceError, NoTracesError, HtaNotInstalledError, RunFolderError, OSError) as error:
+    except (TraceError, NoTracesError, HtaNotInstalledError, RunDownloadError, OSError) as error:
         print(f"anemoi-profiler analyze: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     print(format_summary(summary))

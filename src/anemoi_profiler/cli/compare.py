@@ -20,8 +20,9 @@ from ..reports.regression_gate import (
     verdict_html,
     verdict_lines,
 )
-from ..reports.run_data import RunData, RunFolderError, load_run, resolve_run
+from ..reports.run_data import RunData, RunFolderError, load_run
 from ..reports.window_evidence import why_lines
+from ..tracking.run_download import RunDownloadError, resolve_run
 
 NAME = "compare"
 HELP = "two runs side by side, regressions marked; a regression gate with --fail-if-slower"
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             why = why_lines(a_runs[0], b_runs[0]) if verdict is not None and not verdict.mismatches else []
             if args.html:
                 args.html.write_text(render_html(comparison, verdict_html(verdict, why) if verdict else ""), "utf-8")
-    except (RunFolderError, OSError, GateError, GateInputError) as error:
+    except (RunDownloadError, RunFolderError, OSError, GateError, GateInputError) as error:
         print(f"anemoi-profiler compare: {' '.join(str(error).split())}", file=sys.stderr)
         return USAGE_ERROR
     if args.json:

@@ -14,7 +14,8 @@ from pathlib import Path
 from ..report import ReportSection, RunReport, plain_table
 from ..reports.diagnosis import TITLE as DIAGNOSIS_TITLE
 from ..reports.diagnosis import Outcome, assess, render_section
-from ..reports.run_data import RunData, RunFolderError, load_run, resolve_run
+from ..reports.run_data import RunData, RunFolderError, load_run
+from ..tracking.run_download import RunDownloadError, resolve_run
 
 NAME = "report"
 HELP = "regenerate a run's diagnosis, report.txt/json and report.html"
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_run(folder)  # refuses a folder that is no run folder before anything is written
         outcomes = assess(loaded)
         written = regenerate_reports(loaded, outcomes)
-    except (RunFolderError, OSError) as error:
+    except (RunDownloadError, RunFolderError, OSError) as error:
         print(f"anemoi-profiler report: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     diagnosis = render_section(outcomes)

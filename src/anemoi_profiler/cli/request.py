@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..layout import CONFIG_FILE, REQUEST_FILE, WINDOWS_FILE
+from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, REQUEST_FILE, WINDOWS_FILE
 from ..triggers.requests import REQUEST_TAG, SERVED_TAG, WindowRequest, new_request, read_request, write_request
 
 NAME = "request"
@@ -51,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     if run_dir.is_dir():
         if not (run_dir / CONFIG_FILE).is_file():
             print(f"anemoi-profiler: {run_dir} is not a run folder (no {CONFIG_FILE})", file=sys.stderr)
+            return 1
+        world_size = _world_size(run_dir)
+        if world_size is not None and any(rank >= world_size for rank in request.ranks):
+            known = f"the job has {world_size} ranks (0 to {world_size - 1})"
+            print(f"anemoi-profiler: --ranks: got {request.ranks}, {known}", file=sys.stderr)
             return 1
         write_request(run_dir, request)
         where = str(run_dir)
@@ -88,6 +93,14 @@ def _ranks(text: str) -> list[int]:
         return [int(rank) for rank in text.split(",") if rank.strip()]
     except ValueError:
         raise ValueError(f"--ranks: got {text!r}, expected global ranks such as 0,3") from None
+
+
+def _world_size(run_dir: Path) -> int | None:
+    """The job's world size from its environment.json; None where it cannot be read (the job checks too)."""
+    try:
+        return int(json.loads((run_dir / ENVIRONMENT_FILE).read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _answer_in_folder(run_dir: Path, request: WindowRequest) -> tuple[int, int] | None:

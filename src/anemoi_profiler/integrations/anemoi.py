@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_callbacks
 from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
@@ -69,7 +69,8 @@ class AnemoiProfiler(Callback):
         if preset not in PRESETS:
             raise ConfigError(f"preset {preset!r}: not a preset (presets: {', '.join(PRESETS)})")
         tree = OmegaConf.merge(OmegaConf.load(preset_path(preset)), OmegaConf.create(dict(config or {})))
-        self.config = ProfilerConfig.load(OmegaConf.to_container(tree, resolve=True), list(overrides))
+        assert isinstance(tree, DictConfig)  # merged from two mappings
+        self.config = ProfilerConfig.load(tree, list(overrides))
         self.members: list[ProfilerCallback] = []
         skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)  # it measures nothing itself
 

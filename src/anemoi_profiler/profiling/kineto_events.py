@@ -57,9 +57,6 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
     if not count:
         return WindowEvents([], np.empty(0, np.int32), np.empty(0, np.int8), np.empty(0), np.empty(0), *_no_ids(0))
     accessor = type(events[0])
-    if not hasattr(accessor, "activity_type"):
-        del events
-        return window_events_from_saved(results)
     kind = np.fromiter(
         map(_KIND_OF_CATEGORY.get, map(accessor.activity_type, events), repeat(_SKIPPED)), np.int8, count
     )
@@ -88,9 +85,20 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
     return WindowEvents(names, *columns)
 
 
+def reads_in_process() -> bool:
+    """Whether this torch tells Python each event's activity type (`_KinetoEvent.activity_type`, torch >= 2.12).
+
+    Before, the window is read from the Chrome trace kineto saves, which a window's results do only once: the
+    trace written for the run folder where there is one (see `WindowSummaries.submit`), else a temporary file.
+    """
+    from torch._C._autograd import _KinetoEvent
+
+    return hasattr(_KinetoEvent, "activity_type")
+
+
 def window_events_from_saved(results: Any) -> WindowEvents:
-    """torch < 2.12 does not tell an event's activity type to Python: kineto saves the window as the Chrome
-    trace it would export (`_ProfilerResult.save`) to a temporary file, read back as `summarize` reads traces."""
+    """The window kineto saves as a Chrome trace (`_ProfilerResult.save`, once per window) to a temporary file,
+    read back as `summarize` reads traces: for a torch without `activity_type` and a window without a trace."""
     handle, name = tempfile.mkstemp(prefix="anemoi-profiler-window-", suffix=".json")
     os.close(handle)
     try:

@@ -40,7 +40,7 @@ def effective_options(options: TorchProfilerConfig, device: torch.device) -> Tor
     if not (options.memory_timeline and uses_cuda(device)) or all(getattr(options, n) for n in needed):
         return options
     log.info("anemoi-profiler: profiler.memory_timeline turns on profiler.%s", ", profiler.".join(needed))
-    return dataclasses.replace(options, **dict.fromkeys(needed, True))
+    return dataclasses.replace(options, with_stack=True, record_shapes=True, profile_memory=True)
 
 
 def profiler_arguments(options: TorchProfilerConfig, device: torch.device) -> dict[str, Any]:

@@ -176,7 +176,7 @@ class TraceWriter:
         self.skipped: list[str] = []
         self._warned: set[str] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-traces")
-        self._pending: list[Future[None]] = []
+        self._pending: list[Future[Path | None]] = []
 
     @property
     def options(self) -> TorchProfilerConfig:
@@ -199,8 +199,9 @@ class TraceWriter:
             self.budget.advice(stage, active),
         )
 
-    def write(self, prof: Any, stage: str, window: int, steps: int, active: int) -> None:
-        """Export the window just recorded, then gzip it in the background unless it is too large."""
+    def write(self, prof: Any, stage: str, window: int, steps: int, active: int) -> Future[Path | None]:
+        """Export the window just recorded, then gzip it in the background unless it is too large: the future
+        of the file written (of None if it is not)."""
         target = trace_path(self.run_dir, stage, window, self.rank)
         if self.hold:
             target = target.with_name(target.name + HELD_SUFFIX)
@@ -222,7 +223,9 @@ class TraceWriter:
                 self.options.trace_budget_mb,
                 self.budget.advice(stage, active),
             )
-            return
+            not_written: Future[Path | None] = Future()
+            not_written.set_result(None)
+            return not_written
         if size > self.budget.budget_bytes and stage not in self._warned:
             self._warned.add(stage)
             log.warning(
@@ -233,13 +236,16 @@ class TraceWriter:
                 self.budget.advice(stage, active),
             )
         target.parent.mkdir(parents=True, exist_ok=True)
-        self._pending.append(self._executor.submit(self._compress, exported, target))
+        written: Future[Path | None] = self._executor.submit(self._compress, exported, target)
+        self._pending.append(written)
+        return written
 
-    def _compress(self, exported: Path, target: Path) -> None:
+    def _compress(self, exported: Path, target: Path) -> Path | None:
         try:
             write_ranked_trace(exported, target, self.info)
         finally:
             exported.unlink(missing_ok=True)
+        return target
 
     def flush(self) -> None:
         """Wait until every trace handed over so far is on disk."""

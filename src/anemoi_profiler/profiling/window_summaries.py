@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from .kineto_events import window_events_from_kineto
+from .kineto_events import reads_in_process, window_events_from_kineto, window_events_from_saved
+from .trace_stream import read_window_events
 from .window_summary import WindowSummary, summarize
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,19 @@ class WindowSummaries:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
         self._pending: dict[WindowKey, Future[WindowSummary]] = {}
         self._warned = False
+        self.in_process = reads_in_process()
 
-    def submit(self, stage: str, window: int, results: Any) -> None:
-        """Summarise `results` (torch's `_ProfilerResult` of the window) in the background."""
-        self._pending[(stage, window)] = self._executor.submit(_summarize_results, results)
+    def submit(self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None) -> None:
+        """Summarise `results` (torch's `_ProfilerResult` of the window) in the background.
+
+        `trace`: the window's trace file being written (its path, None if it was not), which a torch that
+        cannot read the events in process reads instead (kineto saves a window only once).
+        """
+        if self.in_process:
+            future = self._executor.submit(_summarize_in_process, results.kineto_results)
+        else:
+            future = self._executor.submit(_summarize_saved, results.kineto_results, trace)
+        self._pending[(stage, window)] = future
 
     def ready(self) -> list[WindowKey]:
         """Windows whose summary is done (or failed) and not yet taken, without waiting."""
@@ -63,5 +74,14 @@ class WindowSummaries:
         self._executor.shutdown(wait=True)
 
 
-def _summarize_results(results: Any) -> WindowSummary:
-    return summarize(window_events_from_kineto(results.kineto_results))
+def _summarize_in_process(results: Any) -> WindowSummary:
+    return summarize(window_events_from_kineto(results))
+
+
+def _summarize_saved(results: Any, trace: Future[Path | None] | None) -> WindowSummary:
+    if trace is None:  # no trace for the run folder: the summary's save is the window's only one
+        return summarize(window_events_from_saved(results))
+    path = trace.result()
+    if path is None:
+        raise RuntimeError("on torch < 2.12 a window is summarised from its trace, which was too large to write")
+    return summarize(read_window_events(path))

@@ -84,10 +84,9 @@ class ProfilingWindows:
     def _on_window(self, prof: Any, stage: str, steps: int) -> None:
         window = self.completed[stage]
         self.completed[stage] += 1
-        if self.traces is not None:
-            self.traces.write(prof, stage, window, steps, self._active[stage])
+        trace = None if self.traces is None else self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.summaries is not None:
-            self.summaries.submit(stage, window, prof.profiler)
+            self.summaries.submit(stage, window, prof.profiler, trace)
         if self.options.time_report or self.options.memory_report:
             self._unparsed.append((stage, window, steps, prof.profiler))  # the next window gets a new one
             if len(self._unparsed) > MAX_UNPARSED_WINDOWS:

@@ -10,7 +10,7 @@ matplotlib figure, for `mlflow.log_figure` or a notebook.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from itertools import cycle, groupby
@@ -45,8 +45,8 @@ class Series:
     width ending at it), or short horizontal ticks (a value per interval, such as the slowest rank's)."""
 
     label: str
-    x: list[float]
-    y: list[float]
+    x: Sequence[float]
+    y: Sequence[float]
     kind: Literal["line", "bars", "ticks"] = "line"
     markers: bool = False
     color: str | None = None
@@ -79,7 +79,8 @@ class Chart:
 def to_svg(chart: Chart) -> str:
     """The chart as a standalone SVG document."""
     colored = list(chart.colored())
-    entries = [(s.label, s, color) for s, color in colored] + [(label, None, LEVEL_COLOR) for label in chart.levels]
+    entries: list[tuple[str, Series | None, str]] = [(s.label, s, color) for s, color in colored]
+    entries += [(label, None, LEVEL_COLOR) for label in chart.levels]
     rows = _legend_rows([label for label, _, _ in entries], WIDTH - _MARGIN["left"])
     top = _MARGIN["title"] + _MARGIN["legend_row"] * len(rows) + 8
     height = HEIGHT + _MARGIN["legend_row"] * max(0, len(rows) - 1)  # the plot keeps its height

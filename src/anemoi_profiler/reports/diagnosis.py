@@ -153,7 +153,7 @@ def communication_bound(run: RunData) -> Outcome:
     mean_overlap = mean(overlap.values())
     if mean_overlap >= COMM_OVERLAP_LOW_PCT or (comm_share is not None and comm_share < COMM_KERNEL_SHARE_MIN_PCT):
         return None
-    worst = min(overlap, key=overlap.get)
+    worst = min(overlap, key=overlap.__getitem__)
     of_kernels = f"communication kernels {comm_share:.0f}% of GPU kernel time; " if comm_share is not None else ""
     return Verdict(
         "communication-bound",

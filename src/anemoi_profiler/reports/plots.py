@@ -71,9 +71,13 @@ def step_time_chart(run: RunData) -> Chart | None:
 
 
 def window_marks(run: RunData) -> list[tuple[float, str]]:
-    """The start batch and reason of each triggered or requested training window (the report's list of them)."""
+    """The start and reason of each triggered or requested training window (the report's list of them), on the
+    plot's axis of global steps (a run folder from before `start_step` was recorded: its start batch)."""
     return [
-        (window["start_batch"], f"window {window['window']}: {window['reason']}")
+        (
+            window["start_batch"] if window.get("start_step") is None else window["start_step"],
+            f"window {window['window']}: {window['reason']}",
+        )
         for window in run.profiling_windows()
         if window.get("stage") == "train"
         and window.get("reason") != "schedule"

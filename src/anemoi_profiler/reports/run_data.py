@@ -1,4 +1,5 @@
-"""A run read back from its run folder (or the `profiler/` artifacts of an MLflow run).
+"""A run read back from its run folder (or from the `profiler/` artifacts of an MLflow run, which
+`tracking/run_download.py` fetches into a folder laid out the same way).
 
 The diagnosis, the HTML report, the plots and `compare` all work from this, so they give the same answers
 at the end of a fit, from `anemoi-profiler report` a week later, and in tests. Every file is optional: an
@@ -8,11 +9,9 @@ holds none of the run files is refused.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -20,40 +19,19 @@ from typing import Any
 
 from .. import names
 from ..layout import (
-    ARTIFACT_ROOT,
-    CONFIG_FILE,
     ENVIRONMENT_FILE,
-    HTA_DIR,
-    HTA_SUMMARY_FILE,
+    HTA_SUMMARY,
     MEMORY_REPORT,
     METRICS_FILE,
     MODEL_SUMMARY_FILE,
     REPORT_JSON,
-    STEPS_FILE,
+    RUN_FILES,
     TIME_REPORT,
-    TRACES_DIR,
     WINDOW_SUMMARIES_DIR,
     WINDOW_SUMMARY,
     WINDOWS_FILE,
 )
 
-RUN_FILES = (REPORT_JSON, METRICS_FILE, ENVIRONMENT_FILE)
-"""A folder with none of these is not a run folder."""
-HTA_SUMMARY = f"{HTA_DIR}/{HTA_SUMMARY_FILE}"
-DOWNLOADED_FILES = (
-    *RUN_FILES,
-    CONFIG_FILE,
-    STEPS_FILE,
-    WINDOWS_FILE,
-    f"{TIME_REPORT}.json",
-    f"{MEMORY_REPORT}.json",
-    MODEL_SUMMARY_FILE,
-    HTA_SUMMARY,
-)
-"""What reports and comparisons read: a run's traces are downloaded only for `analyze`."""
-
-MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
-"""MLflow's rule for run ids: a target that is neither a folder nor this never becomes part of a path."""
 TYPICAL_MIN_INTERVALS = 3
 SUMMARY_AS_HTA = {
     "idle_pct": "idle_pct",
@@ -65,7 +43,7 @@ _HTA_KEY = re.compile(r"^hta/(?:(?P<window>.+)/)?(?:rank(?P<rank>\d+)|all_ranks)
 
 
 class RunFolderError(Exception):
-    """The target is not a run folder, or its files cannot be fetched; the message says which."""
+    """The folder is not a run folder; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -269,80 +247,6 @@ def read_history(folder: Path) -> dict[str, dict[str, list[Any]]]:
     return _read_json(Path(folder) / METRICS_FILE)
 
 
-def resolve_run(target: str, tracking_uri: str | None, download_to: Path, traces: bool = False) -> Path:
-    """The folder `target`; else the MLflow run with that id, downloaded below `download_to` (see `download_run`).
-
-    The tracking URI is `tracking_uri`, else $MLFLOW_TRACKING_URI; without either a missing folder is an error.
-    A target that is neither a folder nor a well-formed run id is refused before MLflow is asked anything.
-    """
-    if Path(target).exists():
-        return Path(target)
-    if not MLFLOW_RUN_ID.fullmatch(target):
-        raise RunFolderError(f"no such folder: {target} (nor an MLflow run id: letters, digits, '-' and '_')")
-    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not tracking_uri:
-        raise RunFolderError(f"no such folder: {target} (for an MLflow run, give its id and --tracking-uri)")
-    return download_run(target, tracking_uri, download_to, traces)
-
-
-def download_run(run_id: str, tracking_uri: str, dst: Path, traces: bool = False) -> Path:
-    """Download an MLflow run's `profiler/` artifacts into `dst`, laid out as in the run folder: the report
-    inputs (`DOWNLOADED_FILES` that the run has), or with `traces` its `traces/` folder alone."""
-    if traces:
-        _download(run_id, tracking_uri, TRACES_DIR, dst)
-        return dst
-    try:
-        available = _artifact_paths(run_id, tracking_uri)
-    except Exception as error:
-        raise RunFolderError(f"cannot read MLflow run {run_id!r} at {tracking_uri}: {_first_line(error)}") from None
-    wanted = [name for name in DOWNLOADED_FILES if f"{ARTIFACT_ROOT}/{name}" in available]
-    if not any(name in RUN_FILES for name in wanted):
-        raise RunFolderError(f"MLflow run {run_id!r} has no {ARTIFACT_ROOT}/ run files ({', '.join(RUN_FILES)})")
-    for name in wanted:
-        _download(run_id, tracking_uri, name, dst)
-    return dst
-
-
-def _download(run_id: str, tracking_uri: str, name: str, dst: Path) -> None:
-    import mlflow
-
-    artifact, folder = f"{ARTIFACT_ROOT}/{name}", (dst / name).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        with _without_progress_bars():
-            mlflow.artifacts.download_artifacts(
-                run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=str(folder)
-            )
-    except Exception as error:
-        message = f"could not download {artifact} of MLflow run {run_id!r} from {tracking_uri}: {_first_line(error)}"
-        raise RunFolderError(message) from None
-
-
-@contextlib.contextmanager
-def _without_progress_bars() -> Iterator[None]:
-    """MLflow draws one progress bar per file downloaded; a handful of small files do not need them."""
-    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(name)
-    os.environ[name] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-def _artifact_paths(run_id: str, tracking_uri: str) -> set[str]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    found: set[str] = set()
-    for folder in (ARTIFACT_ROOT, f"{ARTIFACT_ROOT}/{HTA_DIR}"):
-        found.update(info.path for info in client.list_artifacts(run_id, folder) if not info.is_dir)
-    return found
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object, or {} when the file is missing or unreadable (a run cut short can leave half a file)."""
     try:
@@ -357,8 +261,3 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -30,8 +30,8 @@ class RankExchange:
         """With `timeout_s`, join the job's ranks (a collective: every rank must call it); without, stay local."""
         self.world_size = 1
         self.rank = 0
-        self._group: object | None = None  # None once an exchange failed or the exchange was closed
-        self._owned: object | None = None  # the group to destroy at `close`, whatever happened to the exchanges
+        self._group: dist.ProcessGroup | None = None  # None once an exchange failed or the exchange was closed
+        self._owned: dist.ProcessGroup | None = None  # the group to destroy at `close`, whatever the exchanges did
         if timeout_s is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.world_size = dist.get_world_size()
             self.rank = dist.get_rank()
@@ -72,6 +72,22 @@ class RankExchange:
             log.warning("anemoi-profiler: rank %d could not exchange %r with the others: %s", self.rank, text, error)
             return [text]
         return [str(value) for value in texts]
+
+    def broadcast_text(self, text: str) -> str | None:
+        """Rank 0's `text` on every rank (a collective; once per request, never per step), or None once the
+        exchange has failed or closed."""
+        if self.world_size == 1:
+            return text
+        if self._group is None:
+            return None
+        sent: list[Any] = [text]
+        try:
+            dist.broadcast_object_list(sent, src=0, group=self._group)
+        except Exception as error:  # as in `gather`: stop exchanging, keep training
+            self._group = None
+            log.warning("anemoi-profiler: rank %d could not receive rank 0's text: %s", self.rank, error)
+            return None
+        return str(sent[0])
 
     def close(self) -> None:
         """Destroy the group after the last exchange; its threads are joined here, not at interpreter exit.

@@ -44,7 +44,7 @@ class GradientSyncTimer:
     def wrap_user_hook(self, trainer: Any) -> None:
         """Before the strategy's setup: put the timer around the user's `ddp_comm_hook`, which Lightning then
         registers (on CUDA only; on CPU it ignores the user's hook, and `register` puts ours)."""
-        strategy = getattr(trainer, "strategy", None)
+        strategy: Any = getattr(trainer, "strategy", None)
         user_hook = lightning_private.ddp_comm_hook(strategy)
         if self.not_assessed or user_hook is None or trainer_info.root_device(trainer).type != "cuda":
             return
@@ -88,7 +88,7 @@ class GradientSyncTimer:
         """`inner`, timed for the last bucket. DDP checks a hook's annotations against its own classes, so the
         hook has none (this module's annotations are strings)."""
 
-        def timed(state, bucket):  # type: ignore[no-untyped-def]
+        def timed(state, bucket):
             if not bucket.is_last():
                 return inner(state, bucket)
             ready = self._mark()
@@ -116,7 +116,7 @@ class GradientSyncTimer:
         waiting: list[tuple[Mark, Mark]] = []
         with self._lock:
             for pair in self._pending:
-                (waiting if self._cuda and not pair[1].query() else done).append(pair)
+                (waiting if isinstance(pair[1], torch.cuda.Event) and not pair[1].query() else done).append(pair)
             self._pending = waiting
         return sum(_seconds(ready, end) for ready, end in done), len(done)
 
@@ -124,4 +124,5 @@ class GradientSyncTimer:
 def _seconds(ready: Mark, end: Mark) -> float:
     if isinstance(ready, float) and isinstance(end, float):
         return end - ready
+    assert isinstance(ready, torch.cuda.Event) and isinstance(end, torch.cuda.Event)  # one clock: both or neither
     return ready.elapsed_time(end) / 1000.0

@@ -7,6 +7,7 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import time
@@ -163,7 +164,9 @@ class ProfilerSession:
             return
         self.run_dir = Path(shared)
         if self.config.triggers.enabled:
-            self.triggers = TriggerWatch.of_config(self.config, self.world_size, self.global_rank, self.run_dir)
+            self.triggers = TriggerWatch.of_config(
+                self.config, self.world_size, self.global_rank, self.run_dir, self.exchange
+            )
             self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer, environment)
@@ -219,7 +222,7 @@ class ProfilerSession:
             run_id = self._from_rank_zero(trainer, run_id)
             if not self.is_global_zero and self.local_rank == 0 and run_id:
                 self.sink = self._open_sink(run_id, prefix)
-        if self.is_global_zero and self.sink is not None:
+        if self.is_global_zero and self.sink is not None and self.run_dir is not None:
             device = str(trainer_info.root_device(trainer))
             run_page.start(self.sink, self.config, self.run_dir, environment, device, trainer_info.num_devices(trainer))
 
@@ -248,30 +251,35 @@ class ProfilerSession:
         self.exchange.close()  # the last collective is behind us: gloo's threads end now, not at exit
         if self.run_dir is None:
             return  # the profiler could not start on any rank: nothing to finish
-        run_dir, sink = self.run_dir, self.sink
-        steps = [
-            # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
-            (sink is not None, "spool the metrics", lambda: sink.spool_now()),
-            (self.is_global_zero and self.stage_clock is not None, "write the step record",
-             lambda: self.stage_clock.steps.write(run_dir, self.global_rank)),
-            (self.is_global_zero, "finish rank 0's work", self._run_after_release),
-            (self.is_global_zero and self._report is not None, "write the report", lambda: self._write_report(trainer)),
-            (self.is_global_zero and self._report is not None and self.config.report.html, "write report.html",
-             self._write_html_report),
-            (sink is not None and self.is_global_zero and self._report is not None, "describe the MLflow run",
-             lambda: self._describe_run(sink)),
-            (sink is not None and bool(self._summary_metrics), "log summary metrics",
-             lambda: sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))),
-            (sink is not None and self.is_global_zero and self.config.tracking.upload_artifacts,
-             "upload the run folder", lambda: upload_folder(sink, run_dir, self._kept_local)),
-            (sink is not None, "close the MLflow sink",
-             lambda: sink.close(self._status, timeout_s=self.config.tracking.close_timeout_s)),
-            (self.is_global_zero, "print where to look", lambda: print_where_to_look(run_dir, sink)),
-        ]  # fmt: skip
+        run_dir, sink, clock = self.run_dir, self.sink, self.stage_clock
+        reporting = self.is_global_zero and self._report is not None
+        # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if sink is not None:
+            steps.append(("spool the metrics", sink.spool_now))
+        if self.is_global_zero and clock is not None:
+            steps.append(("write the step record", functools.partial(clock.steps.write, run_dir, self.global_rank)))
+        if self.is_global_zero:
+            steps.append(("finish rank 0's work", self._run_after_release))
+        if reporting:
+            steps.append(("write the report", functools.partial(self._write_report, trainer)))
+        if reporting and self.config.report.html:
+            steps.append(("write report.html", self._write_html_report))
+        if sink is not None:
+            if reporting:
+                steps.append(("describe the MLflow run", functools.partial(self._describe_run, sink)))
+            # after rank 0's work, which adds summary values of its own
+            steps.append(("log summary metrics", functools.partial(self._log_summary_metrics, sink, trainer)))
+            if self.is_global_zero and self.config.tracking.upload_artifacts:
+                steps.append(
+                    ("upload the run folder", functools.partial(upload_folder, sink, run_dir, self._kept_local))
+                )
+            close_timeout_s = self.config.tracking.close_timeout_s
+            steps.append(("close the MLflow sink", lambda: sink.close(self._status, timeout_s=close_timeout_s)))
+        if self.is_global_zero:
+            steps.append(("print where to look", functools.partial(print_where_to_look, run_dir, sink)))
         self.end_seconds = {}
-        for wanted, what, action in steps:
-            if not wanted:
-                continue
+        for what, action in steps:
             started = time.perf_counter()
             try:
                 action()
@@ -282,6 +290,10 @@ class ProfilerSession:
             "anemoi-profiler: the end of the run took %s",
             ", ".join(f"{k} {v:.2f} s" for k, v in self.end_seconds.items()),
         )
+
+    def _log_summary_metrics(self, sink: TrackingSink, trainer: Any) -> None:
+        if self._summary_metrics:
+            sink.log_metrics(self._summary_metrics, trainer_info.global_step(trainer))
 
     def _run_after_release(self) -> None:
         for work in self._after_release:

@@ -28,8 +28,9 @@ from ..triggers.detector import (
     SlowRankDetector,
     Triggers,
 )
-from ..triggers.requests import RequestPoller, WindowRequest, mark_served, mask_to_ranks, ranks_to_mask
+from ..triggers.requests import RequestPoller, WindowRequest, mark_served
 from .clock import RankTotals
+from .distributed import RankExchange
 from .rank_figures import collective_waits_ms
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class WindowPlan:
     evidence: Evidence | None
     window: int | None = None
     start_batch: int | None = None
+    start_step: int | None = None
+    """The global step as its first recorded batch starts: the step-time plot's axis, which counts optimizer
+    steps (fewer than batches with `accumulate_grad_batches` > 1)."""
     request: WindowRequest | None = None
     """The request it serves (on rank 0, which answers it)."""
     memory: bool = False
@@ -63,12 +67,20 @@ class TriggerWatch:
     """
 
     def __init__(
-        self, triggers: Triggers, config: ProfilerConfig, world_size: int, poller: RequestPoller | None, run_dir: Path
+        self,
+        triggers: Triggers,
+        config: ProfilerConfig,
+        world_size: int,
+        exchange: RankExchange,
+        poller: RequestPoller | None,
+        run_dir: Path,
     ) -> None:
         self.triggers = triggers
         self.steps = config.triggers.steps
         self.warmup = config.triggers.profiler_warmup
+        self.world_size = world_size
         self.profiled_ranks = [rank for rank in range(world_size) if config.is_profiled_rank(rank)]
+        self._exchange = exchange
         self.pending: WindowPlan | None = None
         self.plans: list[WindowPlan] = []
         self._poller = poller
@@ -77,7 +89,9 @@ class TriggerWatch:
         self._broken = False
 
     @classmethod
-    def of_config(cls, config: ProfilerConfig, world_size: int, rank: int, run_dir: Path) -> TriggerWatch:
+    def of_config(
+        cls, config: ProfilerConfig, world_size: int, rank: int, run_dir: Path, exchange: RankExchange
+    ) -> TriggerWatch:
         options = config.triggers
         detectors = (options.warmup_intervals, options.baseline_intervals)
         drift = (
@@ -97,7 +111,7 @@ class TriggerWatch:
         )
         triggers = Triggers(drift, slow_rank, memory, options.cooldown_steps, options.max_windows)
         poller = RequestPoller(run_dir, options.request_poll_s) if options.requests and rank == 0 else None
-        return cls(triggers, config, world_size, poller, run_dir)
+        return cls(triggers, config, world_size, exchange, poller, run_dir)
 
     def outgoing(self, local: RankTotals) -> None:
         """Rank 0 puts a new request into the training exchange (again, until a window takes it)."""
@@ -105,19 +119,37 @@ class TriggerWatch:
             self._outgoing = self._poller.take() or self._outgoing
             if self._outgoing is not None:
                 local.requested_steps = float(self._outgoing.steps)
-                local.requested_ranks = ranks_to_mask(self._outgoing.ranks)
+                local.requested_ranks = float(len(self._outgoing.ranks))
                 local.requested_memory = float(self._outgoing.memory)
 
     def received(self, step: int, ranks: list[RankTotals]) -> None:
+        named = self._named_ranks(ranks[0])  # a collective: before anything that could differ between ranks
         if self._broken:
             return
         try:
-            self._decide(step, ranks)
+            self._decide(step, ranks, named)
         except Exception as error:
             self._broken = True
             log.warning("anemoi-profiler: triggers are off after an error: %s: %s", type(error).__name__, error)
 
-    def _decide(self, step: int, ranks: list[RankTotals]) -> None:
+    def _named_ranks(self, sent: RankTotals) -> list[int]:
+        """The ranks named by a request in this exchange, broadcast by rank 0 (any rank of any job: the exchange
+        carries only how many). A collective, decided from the gathered figures alone, so every rank joins it;
+        only in an exchange that carries such a request. Ranks the job does not have are left out."""
+        if sent.requested_steps <= 0 or sent.requested_ranks <= 0:
+            return []
+        mine = json.dumps(self._outgoing.ranks) if self._outgoing is not None else "[]"
+        text = self._exchange.broadcast_text(mine)
+        named = [int(rank) for rank in json.loads(text)] if text is not None else []
+        known = [rank for rank in named if rank < self.world_size]
+        if self._poller is not None and len(known) < len(named):
+            log.warning(
+                "anemoi-profiler: the request names ranks %s, the job has ranks 0 to %d: %s",
+                named, self.world_size - 1, "the others are left out" if known else "the profiled ranks record",
+            )  # fmt: skip
+        return known
+
+    def _decide(self, step: int, ranks: list[RankTotals], named: list[int]) -> None:
         """Feed one training interval's figures of every rank; a request or a trigger becomes the pending plan."""
         measured = [rank.step_ms for rank in ranks if rank.step_ms > 0]
         if measured:  # the detectors keep learning while a plan waits
@@ -131,7 +163,7 @@ class TriggerWatch:
             return
         requested = ranks[0].requested_steps
         if requested > 0:
-            recording = mask_to_ranks(ranks[0].requested_ranks) or self.profiled_ranks
+            recording = named or self.profiled_ranks
             request, self._outgoing = self._outgoing, None
             memory = ranks[0].requested_memory > 0
             plan = WindowPlan("request", recording, int(requested), self.warmup, step, None)
@@ -183,7 +215,8 @@ def window_entries(
     (the ranks whose trace files are there; none when traces are off)."""
     triggered = {("train", plan.window): plan for plan in plans}
     entries = [
-        {"window": plan.window, "stage": "train", "start_batch": plan.start_batch, "steps": plan.steps,
+        {"window": plan.window, "stage": "train", "start_batch": plan.start_batch, "start_step": plan.start_step,
+         "steps": plan.steps,
          "ranks": plan.ranks, "reason": plan.reason, "decided_at_step": plan.decided_at_step,
          "evidence": asdict(plan.evidence) if plan.evidence else None,
          "request": plan.request.id if plan.request else None,
@@ -197,7 +230,8 @@ def window_entries(
         traces = folder.glob(f"rank*{TRACE_SUFFIX}")  # not the held ones of `profiler.traces: flagged`
         ranks = sorted(int(path.name.removeprefix("rank").removesuffix(TRACE_SUFFIX)) for path in traces)
         entries.append(
-            {"window": window, "stage": stage, "start_batch": None, "steps": active.get(stage), "ranks": ranks,
+            {"window": window, "stage": stage, "start_batch": None, "start_step": None, "steps": active.get(stage),
+             "ranks": ranks,
              "reason": "schedule", "decided_at_step": None, "evidence": None}
         )  # fmt: skip
     return sorted(entries, key=lambda entry: (entry["stage"], entry["window"]))

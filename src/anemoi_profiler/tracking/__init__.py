@@ -6,6 +6,7 @@ training thread -> TrackingSink (sink.py: a queue and a thread) -> spool files (
 ```
 
 `anemoi-profiler sync` replays a spool through `MlflowTarget` directly.
+`report`, `compare` and `analyze` fetch a run that lives only in MLflow through `run_download`.
 """
 
 from __future__ import annotations

@@ -40,6 +40,24 @@ REFUSED_FOR_CONTENT = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREA
 """MLflow error codes of a request refused for what it holds, not because the server is away."""
 
 
+def experiment_id(client: Any, tracking_uri: str, name: str) -> str:
+    """The id of experiment `name`; created when missing, with `EXPERIMENT_TAGS` and the store's artifact location.
+    An experiment another job creates at the same moment is taken, not an error."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=artifact_location_for(tracking_uri), tags=EXPERIMENT_TAGS
+            )
+        except MlflowException:
+            experiment = client.get_experiment_by_name(name)  # another job created it a moment ago
+            if experiment is None:
+                raise
+    return experiment.experiment_id
+
+
 class MlflowTarget:
     """The run of a spool (`run.json`); creates it on first use if the spool has no run id yet."""
 
@@ -96,20 +114,7 @@ class MlflowTarget:
             self.info_unsaved = True
 
     def _experiment_id(self, client: Any) -> str:
-        from mlflow.exceptions import MlflowException
-
-        name = self.info["experiment"]
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            try:
-                return client.create_experiment(
-                    name, artifact_location=artifact_location_for(self.tracking_uri), tags=EXPERIMENT_TAGS
-                )
-            except MlflowException:
-                experiment = client.get_experiment_by_name(name)  # another job created it a moment ago
-                if experiment is None:
-                    raise
-        return experiment.experiment_id
+        return experiment_id(client, self.tracking_uri, self.info["experiment"])
 
     def send(self, batch: Batch) -> None:
         """Send a batch request by request, removing from `batch` what MLflow has taken.

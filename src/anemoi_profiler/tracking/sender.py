@@ -187,7 +187,7 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
     """Start a sender; it lowers its own priority first thing (see `serve`)."""
     read_end, write_end = os.pipe()
     try:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # type: ignore[call-overload]  # mypy cannot match the `**` process_group
             [
                 sys.executable,
                 "-m",

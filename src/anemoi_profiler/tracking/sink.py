@@ -223,7 +223,7 @@ class TrackingSink:
                 return
 
     def _drain(self) -> tuple[Batch, list[threading.Event]]:
-        batch, flushes = Batch(), []
+        batch, flushes = Batch(), list[threading.Event]()
         while True:
             try:
                 item = self._queue.get_nowait()

@@ -25,8 +25,6 @@ REQUEST_TAG = "profiler.request"
 """The MLflow run tag through which `anemoi-profiler request <run id>` asks (the request as JSON)."""
 SERVED_TAG = "profiler.request_served"
 """The tag through which the job answers: the request's id, the window and the batch it was served at."""
-MAX_REQUESTED_RANK = 52
-"""Ranks of a request travel as a bit mask in one float64 of the rank exchange: ranks 0 to 52."""
 
 
 @dataclass
@@ -48,8 +46,8 @@ def new_request(steps: int, ranks: list[int], memory: bool = False) -> WindowReq
     option."""
     if steps < 1:
         raise ValueError(f"--steps: got {steps}, expected an integer >= 1")
-    if any(rank < 0 or rank > MAX_REQUESTED_RANK for rank in ranks):
-        raise ValueError(f"--ranks: got {ranks}, expected global ranks from 0 to {MAX_REQUESTED_RANK}")
+    if any(rank < 0 for rank in ranks):
+        raise ValueError(f"--ranks: got {ranks}, expected global ranks (integers >= 0)")
     return WindowRequest(uuid.uuid4().hex[:12], steps, sorted(set(ranks)), time.time(), memory)
 
 
@@ -95,15 +93,6 @@ def _write(run_dir: Path, request: WindowRequest) -> None:
     partial = run_dir / f".{REQUEST_FILE}.part"
     partial.write_text(json.dumps(asdict(request), indent=2) + "\n")
     os.replace(partial, run_dir / REQUEST_FILE)  # a reader never sees half a request
-
-
-def ranks_to_mask(ranks: list[int]) -> float:
-    return float(sum(1 << rank for rank in ranks))
-
-
-def mask_to_ranks(mask: float) -> list[int]:
-    bits = int(mask)
-    return [rank for rank in range(MAX_REQUESTED_RANK + 1) if bits >> rank & 1]
 
 
 class RequestPoller:

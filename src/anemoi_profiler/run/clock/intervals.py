@@ -8,7 +8,7 @@ reading them does not stall the queue. On CPU, boundaries are `perf_counter` rea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass, field, fields
 from typing import Any, Union
 
@@ -21,6 +21,7 @@ STAGES = ("train", "val")
 def _elapsed_s(start: Marker, end: Marker) -> float:
     if isinstance(start, float) and isinstance(end, float):
         return end - start
+    assert isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event)  # one clock: both or neither
     end.synchronize()  # recorded an interval ago: the GPU is already past it
     return start.elapsed_time(end) / 1000.0
 
@@ -105,7 +106,7 @@ class RankTotals:
     requested_steps: float = 0.0
     """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
     requested_ranks: float = 0.0
-    """Its ranks as a bit mask; 0: the configured profiled ranks."""
+    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
     requested_memory: float = 0.0
     """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
     windows_ready: float = 0.0
@@ -261,7 +262,7 @@ def batch_size_of(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, dict):
-        values = batch.values()
+        values: Iterable[Any] = batch.values()
     elif isinstance(batch, (list, tuple)):
         values = batch
     elif hasattr(batch, "__dataclass_fields__"):

@@ -79,7 +79,7 @@ class StageClock:
         self.listeners: list[Listener] = []
         self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
         self._extras: list[Callable[[str], dict[str, float]]] = []
-        self._count = self._count_all
+        self._count: Callable[[str, Any], tuple[int, int]] = self._count_all
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self._epoch_starting = False
@@ -249,8 +249,9 @@ class StageClock:
             for rank_sums, rank in zip(sums, ranks, strict=True):
                 rank_sums.add(rank)
             self.exchanged[stage] = sums
-        for hook in self.train_exchanges if ranks and stage == "train" else ():
-            hook.received(trainer_info.global_step(trainer), ranks)
+        if ranks and stage == "train":
+            for hook in self.train_exchanges:
+                hook.received(trainer_info.global_step(trainer), ranks)
         if laps:
             for listener in self.listeners:
                 listener.report_laps(trainer, stage, laps, ranks)
