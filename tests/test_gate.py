@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anemoi_profiler.reports.gate import GateError, block_length, judge_slowdown, lag_one_autocorrelation
+from anemoi_profiler.reports.gate import (
+    GateError,
+    _t_quantile,
+    block_length,
+    judge_slowdown,
+    lag_one_autocorrelation,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 sys.path.insert(0, str(DOCS))
@@ -70,6 +76,28 @@ def test_several_runs_per_side_resample_the_runs() -> None:
     several = judge_slowdown(drifting_a, drifting_b, 5.0)
     assert several.runs == (3, 3) and several.steps == (900, 900)
     assert (several.upper_pct - several.lower_pct) > (one.upper_pct - one.lower_pct)
+
+
+def test_two_runs_a_side_that_the_machine_slowed_as_a_whole_are_inconclusive_not_slower() -> None:
+    """Seen in a suite run on a shared 2-core VM: A's runs 1.115 and 1.112 ms, B's 1.442 and 1.692 ms, each run's
+    steps steady. Resampling two runs called it 40 % slower; the runs' medians, two degrees of freedom, cannot."""
+    rng = np.random.default_rng(5)
+    a = [steps(rng, 190, 0.03, 1.115), steps(rng, 190, 0.03, 1.112)]
+    b = [steps(rng, 190, 0.03, 1.442), steps(rng, 190, 0.03, 1.692)]
+    result = judge_slowdown(a, b, 5.0)
+    assert result.outcome == "inconclusive" and result.estimate_pct > 30
+
+
+def test_several_runs_a_side_that_agree_still_find_a_slowdown() -> None:
+    rng = np.random.default_rng(6)
+    a = [steps(rng, 300, 0.03, factor) for factor in (1.0, 1.01, 0.99)]
+    b = [steps(rng, 300, 0.03, 1.3 * factor) for factor in (1.0, 0.99, 1.01)]
+    assert judge_slowdown(a, b, 5.0).outcome == "slower"
+
+
+@pytest.mark.parametrize(("df", "quantile"), [(1, 6.314), (2, 2.920), (3, 2.353), (5, 2.015), (9, 1.833), (30, 1.697)])
+def test_the_t_quantile_is_students(df: float, quantile: float) -> None:
+    assert _t_quantile(0.95, df) == pytest.approx(quantile, abs=2e-3)
 
 
 def test_too_few_steady_steps_or_bad_durations_are_refused() -> None:

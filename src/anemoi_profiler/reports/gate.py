@@ -5,7 +5,9 @@ spread comes from a circular block bootstrap of each run's steady steps (blocks 
 autocorrelation asks for, so that a slow patch of correlated steps is resampled as one piece, not as independent
 evidence; the runs themselves resampled when a side has several), or from an AR(1) model of each run's noise
 where that gives more: at a few hundred strongly correlated steps the bootstrap underestimates it by up to a
-fifth. One-sided bounds at `CONFIDENCE` use Student's t with the degrees of freedom of that spread. Outcomes:
+fifth. With several runs a side, the spread of their medians where that is larger still (the machine slowed some
+runs as a whole), with its few degrees of freedom. One-sided bounds at `CONFIDENCE` use Student's t with the
+degrees of freedom of that spread. Outcomes:
 
 - slower: the lower bound is above the threshold;
 - not slower: the upper bound is below it;
@@ -87,7 +89,11 @@ def judge_slowdown(
     variances = [[median_variance(run) for run in side] for side in sides]
     modelled = math.sqrt(sum(sum(side) / len(side) ** 2 for side in variances))
     spread = SPREAD_MARGIN * max(float(np.std(boot)), modelled)
-    z = _t_quantile(CONFIDENCE, _degrees_of_freedom(sides))
+    df = _degrees_of_freedom(sides)
+    between = _between_runs(sides)
+    if between is not None and math.sqrt(between[0]) > spread:
+        spread, df = math.sqrt(between[0]), between[1]
+    z = _t_quantile(CONFIDENCE, df)
     lower, upper = difference - z * spread, difference + z * spread
     limit = math.log1p(threshold_pct / 100)
     outcome: Decision = "slower" if lower > limit else "not slower" if upper < limit else "inconclusive"
@@ -177,10 +183,70 @@ def _degrees_of_freedom(sides: list[list[np.ndarray]]) -> float:
     return total**2 / sum(variance**2 / df for variance, df in terms)
 
 
+def _between_runs(sides: list[list[np.ndarray]]) -> tuple[float, float] | None:
+    """The variance of the difference of the sides' mean log medians as the runs' own medians spread (sides of
+    several runs), and its Welch-Satterthwaite degrees of freedom; None where no side has two runs.
+
+    Runs a machine slowed as a whole (another job, a clock change) differ by more than their steps' noise says:
+    resampling two runs cannot see it, their medians' spread can, with the few degrees of freedom it has.
+    """
+    terms = []
+    for side in sides:
+        if len(side) > 1:
+            medians = [float(np.median(run)) for run in side]
+            terms.append((float(np.var(medians, ddof=1)) / len(side), len(side) - 1))
+    total = sum(variance for variance, _ in terms)
+    if not total:
+        return None
+    return total, total**2 / sum(variance**2 / df for variance, df in terms)
+
+
 def _t_quantile(p: float, df: float) -> float:
-    """Student's t quantile by its Cornish-Fisher expansion in 1/df (exact to 1e-3 from 10 degrees)."""
+    """Student's t quantile: by its Cornish-Fisher expansion in 1/df from 10 degrees of freedom (exact to 1e-3
+    there), below by bisection on the t distribution's CDF (few degrees: a side of two or three runs)."""
     z = NormalDist().inv_cdf(p)
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    if df >= 10:
+        return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    low, high = z, 700.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2
+
+
+def _t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for t >= 0: 1 - I_x(df/2, 1/2) / 2 with x = df / (df + t²), the incomplete beta by its
+    continued fraction."""
+    x = df / (df + t * t)
+    return 1 - 0.5 * _incomplete_beta(df / 2, 0.5, x)
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta I_x(a, b) (Lentz's continued fraction; Numerical Recipes' betacf)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _incomplete_beta(b, a, 1 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1) < 1e-12:
+            break
+    return front * fraction / a
 
 
 def _robust_centre_and_scale(values: np.ndarray) -> tuple[float, float]:
