@@ -122,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", default="ddp", help="Lightning strategy name (default: ddp)")
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--batch-size", type=int, default=8, help="samples per rank and step")
+    parser.add_argument("--width", type=int, default=64, help="hidden width of the MLP (more compute per step)")
     parser.add_argument("--val-batches", type=int, default=4, help="validation batches per rank at the epoch end")
     parser.add_argument("--output-dir", help="profiler output_dir (run folders and the embedded mlflow.db)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the embedded sqlite store)")
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         enable_progress_bar=sys.stdout.isatty(),
     )
     model = SmallRegressor(
+        width=args.width,
         fail_on_rank=args.fail_on_rank,
         fail_at_step=args.fail_at_step,
         slow_rank=args.slow_rank,

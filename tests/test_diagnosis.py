@@ -274,6 +274,39 @@ def test_slow_rank_is_not_told_apart_from_the_profilers_start_up_when_most_steps
     assert isinstance(slow_rank(run_with(lead, TWO_HOSTS, sections=beside(0.17, 0.17))), Verdict)
 
 
+def intervals(series: dict[str, list[float]], last: dict[str, float]) -> dict[str, Any]:
+    """Per-interval metrics as a run folder has them, with end-of-run summaries."""
+    metrics = {
+        key: {"step": [4 * (i + 1) for i in range(len(values))], "value": values, "time": [0.0] * len(values)}
+        for key, values in series.items()
+    }
+    return {**metrics, **{key: {"step": [20], "value": [value], "time": [0.0]} for key, value in last.items()}}
+
+
+def test_slow_rank_is_not_told_apart_from_noise_when_the_step_time_itself_swings_more_than_the_wait() -> None:
+    """Balanced ranks of a real 2-rank CPU job on a busy machine: the others waited 11 % of a step for rank 1 while
+    the step time swung from 3.4 to 8.8 ms between log intervals."""
+    noisy = intervals(
+        {
+            names.TRAIN_STEP_MS: [3.35, 5.80, 8.78, 3.51, 5.74],
+            names.TRAIN_STRAGGLER_MS: [0.06, 0.12, 1.09, 0.61, 0.78],
+        },
+        {names.SUMMARY_TRAIN_SLOWEST_RANK: 1.0},
+    )
+    outcome = slow_rank(RunData(Path("run"), metrics=noisy, environment=TWO_HOSTS, hta={"metrics": {}}))
+    assert isinstance(outcome, NotAssessed)
+    assert outcome.reason.startswith("the other ranks waited 11% of a step for rank 1 on node-b, less than")
+    assert "(2.2 ms): not told apart from noise" in outcome.reason
+    # the same wait on a steady step time is a slow rank
+    steady = intervals(
+        {names.TRAIN_STEP_MS: [5.7, 5.8, 5.6, 5.7, 5.75], names.TRAIN_STRAGGLER_MS: [0.6, 0.62, 0.58, 0.61, 0.6]},
+        {names.SUMMARY_TRAIN_SLOWEST_RANK: 1.0},
+    )
+    assert isinstance(
+        slow_rank(RunData(Path("run"), metrics=steady, environment=TWO_HOSTS, hta={"metrics": {}})), Verdict
+    )
+
+
 def test_slow_rank_stays_quiet_for_balanced_ranks_and_says_why_it_could_not_look() -> None:
     assert slow_rank(run_with({"train/step_ms": 100.0, "train/straggler_ms": 4.0, "train/slowest_rank": 1})) is None
     assert slow_rank(run_with({"train/step_ms": 100.0})) == NotAssessed("one rank")

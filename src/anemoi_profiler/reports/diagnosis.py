@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from statistics import mean
+from statistics import mean, median
 
 from .. import names
 from ..report import ReportSection
@@ -42,6 +42,10 @@ STRAGGLER_SHARE = 0.10
 """How long the other ranks wait for the slowest one per optimizer step, as a share of the step, above which
 one rank holds the others back."""
 STRAGGLER_SHARE_HIGH = 0.30
+STRAGGLER_ABOVE_SPREAD = 1.0
+"""Multiple of the step time's own spread between log intervals (median absolute deviation, per optimizer step)
+that a wait below `STRAGGLER_SHARE_HIGH` must pass to be told apart from the node's noise: balanced ranks on a busy
+2-core machine waited 11 % of a 5.7 ms step for one rank while the step time itself swung from 3.4 to 8.8 ms."""
 DATA_EXPLAINS_STRAGGLER = 0.5
 """Share of the straggler's lead that its own extra data wait must cover to be named as the cause."""
 STARTUP_COVERS_TYPICAL = 0.5
@@ -221,6 +225,13 @@ def slow_rank(run: RunData) -> Outcome:
         else "; its data loading does not explain it"
     )
     per_step = "optimizer step" if accumulate > 1 else "step"
+    spread_ms = _step_spread_ms(run) * accumulate
+    if share < STRAGGLER_SHARE_HIGH and straggler_ms < STRAGGLER_ABOVE_SPREAD * spread_ms:
+        return NotAssessed(
+            f"the other ranks waited {share:.0%} of a {per_step} for {which}, less than the {per_step} time's own "
+            f"spread between log intervals ({spread_ms:.1f} ms): not told apart from noise on the node; measure "
+            "more steps on quieter nodes"
+        )
     beside_startup = _share_beside_startup(run)
     if share < STRAGGLER_SHARE_HIGH and beside_startup >= STARTUP_COVERS_TYPICAL:
         return NotAssessed(
@@ -242,6 +253,15 @@ def slow_rank(run: RunData) -> Outcome:
             "jobs on the node; even out per-rank work (sequence lengths, padding)."
         ),
     )
+
+
+def _step_spread_ms(run: RunData) -> float:
+    """The median absolute deviation of the training step time over the log intervals; 0 with too few of them."""
+    values = run.series(names.TRAIN_STEP_MS)[1]
+    if len(values) < TYPICAL_MIN_INTERVALS:
+        return 0.0
+    middle = median(values)
+    return median(abs(value - middle) for value in values)
 
 
 def _share_beside_startup(run: RunData) -> float:
