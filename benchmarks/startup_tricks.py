@@ -52,7 +52,7 @@ from short_run import SCRIPT, SETUP_S, BatchEnds, early_step_ms, profiled_callba
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.startup import WITHOUT_VARIABLE
 
-SENDER_TRICKS = ("prestart", "kept_sender", "leave_out_imports", "gc_freeze")
+SENDER_TRICKS = ("prestart", "kept_sender", "idle_import", "leave_out_imports", "gc_freeze")
 HOT_PATH_TRICKS = ("hooks_none",)
 GROUPS = {"startup": SENDER_TRICKS, "hot_path": HOT_PATH_TRICKS}
 STEADY_MS = 50.0

@@ -124,7 +124,8 @@ def test_a_kept_sender_serves_with_the_mlflow_settings_of_its_next_run(monkeypat
 
 
 def test_a_waiting_sender_ends_after_its_idle_time(tmp_path: Path) -> None:
-    process, replies = sender._spawn(None, idle_exit_s=0.5)
+    spawned = sender._spawn(None, idle_exit_s=0.5)
+    process, replies = spawned.process, spawned.replies
     try:
         assert process.wait(60) == 0  # the parent is alive and keeps its stdin open
     finally:

@@ -26,11 +26,11 @@ def test_a_released_sender_is_kept_for_the_next_run_unless_the_trick_is_left_out
         monkeypatch.setenv(startup.WITHOUT_VARIABLE, "kept_sender")
         assert not startup.keep_for_next_run(first)
         monkeypatch.delenv(startup.WITHOUT_VARIABLE)
-        assert startup.keep_for_next_run(first) and startup.waiting() is first
+        assert startup.keep_for_next_run(first) and startup.waiting() == first._replace(ready=True)
         assert not startup.keep_for_next_run(second)  # one sender waits at a time
     finally:
         sender.end_kept()
-        for process, replies in (first, second):
-            if process.poll() is None:
-                sender._end(process, replies, grace_s=5.0)
+        for spawned in (first, second):
+            if spawned.process.poll() is None:
+                sender._end(spawned.process, spawned.replies, grace_s=5.0)
     assert startup.waiting() is None

@@ -8,8 +8,8 @@ spool, send a batch) over its stdin and reads the answer, a JSON line, from a pi
 own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
 A run that ends well hands its sender back for the next run of the process (a `trainer.test()` after the fit,
 the next fit in a notebook), which then starts with MLflow imported; one left idle for `IDLE_EXIT_S` ends.
-Run as `python -m anemoi_profiler.tracking.sender <reply fd> <idle exit s> [store module]` (see `_spawn`): this
-package imports neither torch nor Lightning.
+Run as `python -m anemoi_profiler.tracking.sender <reply fd> <idle exit s> <niceness> idle|now [store module]`
+(see `_spawn`): this package imports neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import importlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 NICENESS = 10
 """How much lower than the training's the sender's CPU priority is: its start-up (importing MLflow, a second
 or more of CPU) goes to the training's first steps when cores are short."""
+POLL_S = 0.02
+"""How often the wait for a starting sender looks at the clock and at the run's end (`SenderProcess.hurry`)."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
@@ -56,9 +60,10 @@ class SenderProcess:
         info = read_run_info(spool_dir)
         self.run_id: str | None = info.get("run_id")
         self.experiment_id: str | None = info.get("experiment_id")
-        self._process: subprocess.Popen[str] | None = None
-        self._replies: IO[str] | None = None
+        self._sender: startup.Sender | None = None
+        self._racer: startup.Sender | None = None
         self._lock = threading.Lock()
+        self._hurry = threading.Event()
 
     def ensure_run(self) -> str | None:
         _succeeded(self._ask({"op": "ensure_run"}))
@@ -74,10 +79,16 @@ class SenderProcess:
         batch.take(Batch.from_dict(reply["batch"]))
         _succeeded(reply)
 
+    def hurry(self) -> None:
+        """The run is ending and waits for the sender: race one at the training's priority now against a sender
+        still importing MLflow in idle time (see `startup.RACE_AFTER_S`)."""
+        self._hurry.set()
+
     def release(self) -> None:
         """This run is done with the sender: keep it, MLflow imported, for the process's next run; stop it
         if it cannot take another (it failed, or a sender is kept already)."""
-        if self._process is None or self._process.poll() is not None:
+        sender = self._sender
+        if sender is None or sender.process.poll() is not None:
             self.stop()
             return
         try:
@@ -85,23 +96,24 @@ class SenderProcess:
         except SenderError:
             self.stop()
             return
-        if self._replies is not None and startup.keep_for_next_run((self._process, self._replies)):
-            self._process = self._replies = None
+        if startup.keep_for_next_run(sender):
+            self._sender = None
         else:
             self.stop()
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """End the process: close its stdin, which ends it between requests, and kill it after `grace_s`
-        (it may be stuck on a server that does not answer)."""
-        process, replies = self._process, self._replies
-        self._process = self._replies = None
-        if process is not None:
-            _end(process, replies, grace_s)
+        """End the process (and one raced against it): close its stdin, which ends it between requests, and kill
+        it after `grace_s` (it may be stuck on a server that does not answer)."""
+        sender, racer = self._sender, self._racer
+        self._sender = self._racer = None
+        for ending in (sender, racer):
+            if ending is not None:
+                _end(ending.process, ending.replies, grace_s)
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            process, replies = self._started()
             try:
+                process, replies = self._started()
                 assert process.stdin is not None
                 process.stdin.write(json.dumps(request) + "\n")
                 process.stdin.flush()
@@ -122,18 +134,54 @@ class SenderProcess:
         return reply
 
     def _started(self) -> tuple[subprocess.Popen[str], IO[str]]:
-        if self._process is not None and self._replies is not None and self._process.poll() is None:
-            return self._process, self._replies
-        self.stop()
-        process, replies = startup.take_waiting() or _spawn(store_module_for(self.tracking_uri))
-        assert process.stdin is not None
-        # The URI and MLflow's settings may hold credentials: they go through the pipe, never on the command
-        # line; a sender started earlier gets the settings of now.
-        setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri, "mlflow_env": _mlflow_env()}
-        process.stdin.write(json.dumps(setup) + "\n")
-        process.stdin.flush()
-        self._process, self._replies = process, replies
-        return process, self._replies
+        if self._sender is None or self._sender.process.poll() is not None:
+            self.stop()
+            self._sender = startup.take_waiting() or _spawn(store_module_for(self.tracking_uri))
+            if not self._sender.ready:
+                self._sender = self._first_ready()
+            # The URI and MLflow's settings may hold credentials: they go through the pipe, never on the command
+            # line; a sender started earlier gets the settings of now.
+            setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri, "mlflow_env": _mlflow_env()}
+            assert self._sender.process.stdin is not None
+            self._sender.process.stdin.write(json.dumps(setup) + "\n")
+            self._sender.process.stdin.flush()
+        return self._sender.process, self._sender.replies
+
+    def _first_ready(self) -> startup.Sender:
+        """Wait for the sender's "ready" line; for one importing in idle time, race a second sender at normal
+        priority against it after `RACE_AFTER_S` or once the run ends (`hurry`), and keep the first ready."""
+        assert self._sender is not None
+        while True:
+            waiting = [sender for sender in (self._sender, self._racer) if sender is not None]
+            readable, _, _ = select.select([sender.replies for sender in waiting], [], [], POLL_S)
+            for sender in waiting:
+                if sender.replies in readable:
+                    return self._settle(sender, ready=sender.replies.readline() != "")
+            if self._racer is None and self._sender.idle and self._late():
+                self._racer = _spawn(store_module_for(self.tracking_uri), idle=False, niceness=self._niceness())
+
+    def _settle(self, sender: startup.Sender, ready: bool) -> startup.Sender:
+        """`sender` answered: ready, it wins the race; at its end of file (it died), the other one, if any."""
+        other = self._racer if sender is self._sender else self._sender
+        self._sender = self._racer = None
+        if not ready:
+            _end(sender.process, sender.replies, 0.0)
+            if other is None:
+                raise OSError(f"it exited with code {sender.process.poll()} before it was ready")
+            self._sender = other
+            return self._first_ready()
+        if other is not None:
+            _end(other.process, other.replies, 0.0)
+        self._sender = sender._replace(ready=True)
+        return self._sender
+
+    def _late(self) -> bool:
+        assert self._sender is not None
+        return self._hurry.is_set() or time.monotonic() - self._sender.started_at >= startup.RACE_AFTER_S
+
+    def _niceness(self) -> int:
+        """The training waits for a racer started at the run's end: it gets the training's own priority."""
+        return 0 if self._hurry.is_set() else NICENESS
 
 
 def prestart(likely_uri: str) -> None:
@@ -160,7 +208,7 @@ def end_kept() -> None:
     `IDLE_EXIT_S`: frees its memory (MLflow imported, about 200 MB), or makes the next run start cold."""
     taken = startup.take_waiting()
     if taken is not None:
-        _end(*taken, grace_s=5.0)
+        _end(taken.process, taken.replies, grace_s=5.0)
 
 
 def _end(process: subprocess.Popen[str], replies: IO[str] | None, grace_s: float) -> None:
@@ -183,8 +231,15 @@ def store_module_for(tracking_uri: str) -> str | None:
     return "mlflow.store.tracking.sqlalchemy_store" if scheme in DATABASE_SCHEMES else None
 
 
-def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) -> tuple[subprocess.Popen[str], IO[str]]:
-    """Start a sender; it lowers its own priority first thing (see `serve`)."""
+def _spawn(
+    store_module: str | None = None,
+    idle_exit_s: float = IDLE_EXIT_S,
+    idle: bool | None = None,
+    niceness: int = NICENESS,
+) -> startup.Sender:
+    """Start a sender; it lowers its own priority to `niceness` first thing and imports MLflow in idle time if
+    `idle` (default: where `startup` can), see `serve`."""
+    idle = startup.imports_in_idle_time() if idle is None else idle
     read_end, write_end = os.pipe()
     try:
         process = subprocess.Popen(  # type: ignore[call-overload]  # mypy cannot match the `**` process_group
@@ -194,6 +249,8 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
                 __name__,
                 str(write_end),
                 str(idle_exit_s),
+                str(niceness),
+                "idle" if idle else "now",
                 *([store_module] if store_module else []),
             ],
             stdin=subprocess.PIPE,
@@ -211,7 +268,7 @@ def _spawn(store_module: str | None = None, idle_exit_s: float = IDLE_EXIT_S) ->
         raise
     finally:
         os.close(write_end)
-    return process, os.fdopen(read_end, "r")
+    return startup.Sender(process, os.fdopen(read_end, "r"), time.monotonic(), idle)
 
 
 def _succeeded(reply: dict[str, Any]) -> None:
@@ -234,20 +291,25 @@ class _Warnings(logging.Handler):
         return messages
 
 
-def serve(replies_fd: int, idle_exit_s: float, store_module: str | None = None) -> None:
-    """The child's loop: a setup line, then one request per stdin line, one JSON reply per line on `replies_fd`,
-    until a request releases it for the next run's setup.
+def serve(replies_fd: int, idle_exit_s: float, niceness: int, idle: bool, store_module: str | None = None) -> None:
+    """The child's loop: a "ready" line once MLflow is imported, then a setup line, then one request per stdin
+    line, one JSON reply per line on `replies_fd`, until a request releases it for the next run's setup.
 
     It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
-    the very start of a run, which should go to the training's first steps when cores are short. It
-    imports them before it reads its setup (see `prestart`), leanly (see `_import_mlflow`); `store_module` is
-    the store's module to import with them, if it is known.
+    the very start of a run, which should go to the training's first steps when cores are short; with `idle` the
+    import takes only idle time (`startup.import_in_idle_time`). It imports them before it reads its setup (see
+    `prestart`), leanly (see `_import_mlflow`); `store_module` is the store's module to import with them, if known.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
     with contextlib.suppress(OSError):
-        os.nice(NICENESS)
-    _import_mlflow(store_module)
+        os.nice(niceness)
+    if idle:
+        startup.import_in_idle_time(lambda: _import_mlflow(store_module))
+    else:
+        _import_mlflow(store_module)
     replies = os.fdopen(replies_fd, "w")
+    replies.write(json.dumps({"ready": True}) + "\n")
+    replies.flush()
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
     package_log.addHandler(warnings)
@@ -326,4 +388,4 @@ def _import_client(store_module: str | None) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    serve(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "idle", next(iter(sys.argv[5:]), None))

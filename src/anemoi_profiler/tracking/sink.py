@@ -162,6 +162,7 @@ class TrackingSink:
         if status and self.owns_run:
             self._queue.put(Terminate(status))
         self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
+        self._target.hurry()  # the end waits for the sender: one still importing in idle time gets a racer
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout_s)
@@ -343,6 +344,7 @@ class TrackingSink:
 
     def _flush_at_exit(self) -> None:
         if not self._closed:
+            self._target.hurry()
             self._stopping.set()
             self._wake.set()
             self._thread.join(10.0)

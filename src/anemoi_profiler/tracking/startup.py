@@ -16,11 +16,22 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 WITHOUT_VARIABLE = "_ANEMOI_PROFILER_WITHOUT"
 """Comma-separated tricks to leave out; set only by benchmarks/startup_tricks.py."""
-Sender = tuple[subprocess.Popen[str], IO[str]]
+
+
+class Sender(NamedTuple):
+    """A sender process, the pipe it replies on, when it started (`time.monotonic`), and whether it has said it
+    is ready (MLflow imported: a sender kept from a run is; see `sender.serve`)."""
+
+    process: subprocess.Popen[str]
+    replies: IO[str]
+    started_at: float
+    idle: bool = False
+    """It imports MLflow in idle time (`import_in_idle_time`)."""
+    ready: bool = False
 
 
 def uses(trick: str) -> bool:
@@ -57,7 +68,7 @@ def keep_for_next_run(sender: Sender) -> bool:
     with _waiting_lock:
         if _alive(_waiting) or not uses("kept_sender"):
             return False
-        _waiting = sender
+        _waiting = sender._replace(ready=True)
     return True
 
 
@@ -69,7 +80,37 @@ def take_waiting() -> Sender | None:
 
 
 def _alive(sender: Sender | None) -> bool:
-    return sender is not None and sender[0].poll() is None
+    return sender is not None and sender.process.poll() is None
+
+
+# ---- the sender's MLflow import, in idle time, raced when it is late ----
+# idle_import: the sender imports MLflow (0.8 s of CPU or more) in a thread that runs only when a core would
+# otherwise be idle (Linux's SCHED_IDLE), not beside the first steps at a nice level: early steps +X.XX % with it,
+# +3.58 % without (`benchmarks/run.py --sections short`). Where no core is ever idle that thread starves, and an
+# unprivileged process cannot leave SCHED_IDLE; so the training process races a second sender at normal priority
+# against it once `RACE_AFTER_S` have passed or the run ends, and keeps whichever is ready first (`SenderProcess`).
+RACE_AFTER_S = 10.0
+"""How long a sender importing in idle time has before a second one, at normal priority, is raced against it."""
+IDLE_SCHEDULING = sys.platform.startswith("linux")
+"""SCHED_IDLE is Linux's, and there it is per thread."""
+
+
+def imports_in_idle_time() -> bool:
+    return IDLE_SCHEDULING and uses("idle_import")
+
+
+def import_in_idle_time(do_import: Callable[[], None]) -> None:
+    """Run `do_import` in a thread of its own at SCHED_IDLE (requests are then served at the process's own
+    priority, by its main thread)."""
+
+    def idly() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        do_import()
+
+    importer = threading.Thread(target=idly, name="anemoi-profiler-mlflow-import")
+    importer.start()
+    importer.join()
 
 
 # ---- the sender process's start-up ----
