@@ -68,7 +68,9 @@ IMPORT_BESIDE = "bare beside MLflow's import"
 """A bare fit while another process imports what the MLflow sender imports at its start, as it does (same
 modules, same priority), and nothing else: what that import alone costs the steps it overlaps."""
 IMPORT_CODE = (
-    "from anemoi_profiler.tracking import sender; sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store')"
+    "from anemoi_profiler.tracking import sender, startup\n"
+    "do_import = lambda: sender._import_mlflow('mlflow.store.tracking.sqlalchemy_store')\n"
+    "startup.import_in_idle_time(do_import) if startup.imports_in_idle_time() else do_import()"
 )
 CALLBACKS_FIRST = "ours (callbacks first)"
 PRESTARTED = "ours (sender started first)"
@@ -125,7 +127,8 @@ def children_cpu_s() -> float | None:
 
 
 def start_import_beside() -> subprocess.Popen[bytes]:
-    """The sender's start-up import alone, in a process at the sender's priority from its start, as it is."""
+    """The sender's start-up import alone, in a process at the sender's priority from its start, in idle time where
+    the sender imports in idle time: as it is."""
     from anemoi_profiler.tracking.sender import NICENESS
 
     return subprocess.Popen(["nice", "-n", str(NICENESS), sys.executable, "-c", IMPORT_CODE])
