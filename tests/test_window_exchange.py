@@ -12,6 +12,7 @@ from anemoi_profiler import names
 from anemoi_profiler.cli.summarize import summarize_folder
 from anemoi_profiler.layout import METRICS_FILE, kernel_names_path, window_dir, window_summary_path
 from anemoi_profiler.profiling.window_events import DEVICE, LAUNCH, STEP, WindowEventsBuilder
+from anemoi_profiler.profiling.window_summaries import write_kernel_names
 from anemoi_profiler.profiling.window_summary import VECTOR_LENGTH, summarize
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.window_exchange import exchange_bytes, exchange_summaries, spread_metrics
@@ -25,12 +26,14 @@ def test_the_exchange_stays_under_a_kilobyte_per_rank_and_window(world_size: int
     assert table / 1000 == pytest.approx(table_kb, rel=0.01)
 
 
-def test_a_single_process_exchange_writes_its_names_and_gives_every_window(tmp_path: Path) -> None:
+def test_a_single_process_exchange_reads_the_names_and_gives_every_window(tmp_path: Path) -> None:
     events = WindowEventsBuilder()
     events.add("ProfilerStep#1", STEP, 0.0, 50.0)
     events.add("cudaLaunchKernel", LAUNCH, 1.0, 2.0, correlation=7)
     events.add("gemm", DEVICE, 5.0, 20.0, stream=7, correlation=7)
     summary = summarize(events.build())
+    for stage in ("train", "val"):  # as the summary thread writes them
+        write_kernel_names(kernel_names_path(tmp_path, stage, 0, 0), summary)
     tables = exchange_summaries(RankExchange(), tmp_path, {("train", 0): summary, ("val", 0): summary}, slots=3)
     assert sorted(tables) == [("train", 0), ("val", 0)]
     assert tables[("train", 0)].top_kernels(0)[0]["name"] == "gemm"

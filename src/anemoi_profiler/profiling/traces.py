@@ -240,7 +240,7 @@ class TraceWriter:
         self._pending.append(written)
         return written
 
-    def _compress(self, exported: Path, target: Path) -> Path | None:
+    def _compress(self, exported: Path, target: Path) -> Path:
         try:
             write_ranked_trace(exported, target, self.info)
         finally:

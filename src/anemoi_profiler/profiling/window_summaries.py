@@ -3,12 +3,16 @@
 Reading torch's events is Python work proportional to the window's events; done where the window closes it
 would stall the next training step, so one background thread does it. The exchange takes the finished ones
 at a training interval (`ready`, `take`) and the rest at the session's end (`collect`). A window that cannot
-be summarised is left out with one warning; training never sees it.
+be summarised is left out with one warning; training never sees it. The same thread writes the window's
+kernel-name table (the names behind the hashes the exchange sends) before the window counts as ready, so the
+training thread never writes it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,9 @@ WindowKey = tuple[str, int]
 
 
 class WindowSummaries:
-    def __init__(self) -> None:
+    def __init__(self, names_path: Callable[[WindowKey], Path] | None = None) -> None:
+        """`names_path`: where a window's kernel-name table goes (None: not written)."""
+        self._names_path = names_path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
         self._pending: dict[WindowKey, Future[WindowSummary]] = {}
         self._warned = False
@@ -36,10 +42,11 @@ class WindowSummaries:
         `trace`: the window's trace file being written (its path, None if it was not), which a torch that
         cannot read the events in process reads instead (kineto saves a window only once).
         """
+        names_path = self._names_path((stage, window)) if self._names_path is not None else None
         if self.in_process:
-            future = self._executor.submit(_summarize_in_process, results.kineto_results)
+            future = self._executor.submit(_summarize_in_process, results.kineto_results, names_path)
         else:
-            future = self._executor.submit(_summarize_saved, results.kineto_results, trace)
+            future = self._executor.submit(_summarize_saved, results.kineto_results, trace, names_path)
         self._pending[(stage, window)] = future
 
     def ready(self) -> list[WindowKey]:
@@ -74,14 +81,29 @@ class WindowSummaries:
         self._executor.shutdown(wait=True)
 
 
-def _summarize_in_process(results: Any) -> WindowSummary:
-    return summarize(window_events_from_kineto(results))
+def write_kernel_names(path: Path, summary: WindowSummary) -> None:
+    """The names behind the hashes of `summary`; if not written, another rank's view shows a kernel as its hash."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.name_table(), indent=1))
+    except OSError as error:
+        log.warning("anemoi-profiler: kernel names not written to %s: %s", path, error)
 
 
-def _summarize_saved(results: Any, trace: Future[Path | None] | None) -> WindowSummary:
+def _summarize_in_process(results: Any, names_path: Path | None) -> WindowSummary:
+    return _with_names(summarize(window_events_from_kineto(results)), names_path)
+
+
+def _summarize_saved(results: Any, trace: Future[Path | None] | None, names_path: Path | None) -> WindowSummary:
     if trace is None:  # no trace for the run folder: the summary's save is the window's only one
-        return summarize(window_events_from_saved(results))
+        return _with_names(summarize(window_events_from_saved(results)), names_path)
     path = trace.result()
     if path is None:
         raise RuntimeError("on torch < 2.12 a window is summarised from its trace, which was too large to write")
-    return summarize(read_window_events(path))
+    return _with_names(summarize(read_window_events(path)), names_path)
+
+
+def _with_names(summary: WindowSummary, names_path: Path | None) -> WindowSummary:
+    if names_path is not None:
+        write_kernel_names(names_path, summary)
+    return summary

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config_sections import TorchProfilerConfig
-from ..layout import timeline_path
+from ..layout import kernel_names_path, timeline_path
 from .device_memory import StepMemory, export_memory_timeline
 from .durations import DurationStats
 from .op_tables import WindowOperators, operator_stats
@@ -44,7 +44,9 @@ class ProfilingWindows:
         self.rank_info = rank_info(rank, world_size)
         self.traces = TraceWriter(run_dir, rank, world_size, self.options) if self.options.traces else None
         self.step_memory = StepMemory(device) if uses_cuda(device) else None
-        self.summaries = WindowSummaries() if self.options.window_summary else None
+        self.summaries = (
+            WindowSummaries(lambda key: kernel_names_path(run_dir, *key, rank)) if self.options.window_summary else None
+        )
         self.durations = DurationStats()
         self._tables: list[WindowOperators] = []
         self._unparsed: list[tuple[str, int, int, Any]] = []  # (stage, window, steps, torch's results)

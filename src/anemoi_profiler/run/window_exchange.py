@@ -4,19 +4,23 @@ The exchange happens during the run: at the first training interval after every 
 windows (each rank says in the clock's exchange how many it has ready and how many are still being
 summarised: `WindowExchange`), and once more at the run's end for what is left (validation windows after the
 last training interval, a run without interval metrics). Each rank sends a row of `ROW_LENGTH` float64 per
-window (the window's stage and index, then the summary with kernel names as hashes; each rank writes its own
-name table in `window_summaries/`), as many rows as the rank with the most windows ready (padded with NaN), so
-the gathered table is `world_size x ROW_LENGTH x 8` bytes a window, whatever the windows held: 8 ranks 5.8 kB,
-64 ranks 46 kB, 1,000 ranks 0.72 MB (`exchange_bytes`). Ranks that did not record a window are left out of its
-table. MLflow gets, per field, the min, median and max over ranks and the rank of the max
-(`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index), as each window is exchanged.
+window (the window's stage and index, then the summary with kernel names as hashes; each rank's summary thread
+writes its name table in `window_summaries/` before the window is offered), as many rows as the rank with the
+most windows ready (padded with NaN), so the gathered table is `world_size x ROW_LENGTH x 8` bytes a window,
+whatever the windows held: 8 ranks 5.8 kB, 64 ranks 46 kB, 1,000 ranks 0.72 MB (`exchange_bytes`). Ranks that
+did not record a window are left out of its table. The training thread only joins the gather; a worker thread
+reads the name tables and writes the table. MLflow gets, per field, the min, median and max over ranks and the
+rank of the max (`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index), as each window is
+exchanged.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,25 +55,25 @@ def exchange_summaries(
     exchange: RankExchange, run_dir: Path, mine: dict[WindowKey, WindowSummary], slots: int
 ) -> dict[WindowKey, WindowTable]:
     """The tables of every window some rank sent (a collective: every rank calls it with the same `slots`, the
-    most windows any rank sends, profiled or not); {} on failure.
+    most windows any rank sends, profiled or not); {} on failure."""
+    gathered = gather_summaries(exchange, mine, slots)
+    return build_tables(run_dir, gathered, slots) if gathered is not None else {}
 
-    This rank's kernel-name tables are written first, so rank 0 finds them after the gather on a shared file
-    system; without one, a kernel of another rank shows as its hash.
-    """
-    for (stage, window), summary in mine.items():
-        path = kernel_names_path(run_dir, stage, window, exchange.rank)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(summary.name_table(), indent=1))
-        except OSError as error:  # the gather goes on: the other ranks wait in it
-            log.warning("anemoi-profiler: kernel names of window %s/%d not written: %s", stage, window, error)
+
+def gather_summaries(
+    exchange: RankExchange, mine: dict[WindowKey, WindowSummary], slots: int
+) -> list[list[float]] | None:
+    """Every rank's rows (the collective alone: no file is touched); None on failure."""
     payload = np.full((slots, ROW_LENGTH), np.nan)
     for row, ((stage, window), summary) in zip(payload, sorted(mine.items()), strict=False):
         row[:2] = EXCHANGED_STAGES.index(stage), window
         row[2:] = summary.vector()
-    gathered = exchange.gather(payload.ravel().tolist())
-    if gathered is None:
-        return {}
+    return exchange.gather(payload.ravel().tolist())
+
+
+def build_tables(run_dir: Path, gathered: list[list[float]], slots: int) -> dict[WindowKey, WindowTable]:
+    """The tables of the gathered rows, with the kernel names each rank's summary thread wrote (on a shared
+    file system; a name not found shows as its hash)."""
     rows: dict[WindowKey, dict[int, np.ndarray]] = {}
     for rank, sent in enumerate(np.array(gathered).reshape(len(gathered), slots, ROW_LENGTH)):
         for row in sent[~np.isnan(sent[:, 0])]:
@@ -86,7 +90,12 @@ def exchange_summaries(
 
 class WindowExchange:
     """One session's window summaries, exchanged at training intervals (a hook of the clock's training exchange)
-    and at the end; every rank decides from the same gathered table which of its held traces to keep."""
+    and at the end; every rank decides from the same gathered table which of its held traces to keep.
+
+    The training thread only joins the gather; one worker thread, in order, does what follows (read the name
+    tables, build the tables, settle held traces, and on rank 0 write the tables and log the spread metrics),
+    so the training hot path stays free of that I/O. `finish` waits for the worker.
+    """
 
     def __init__(
         self,
@@ -102,8 +111,17 @@ class WindowExchange:
         self._flag_distance_pct = flag_distance_pct
         self._requested = requested
         self._offered: list[WindowKey] = []
-        self.tables: dict[WindowKey, WindowTable] = {}
+        self._tables: dict[WindowKey, WindowTable] = {}
+        self._tables_lock = threading.Lock()
         self._keep_trace: dict[WindowKey, bool] = {}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-exchange")
+        self._warned = False
+
+    @property
+    def tables(self) -> dict[WindowKey, WindowTable]:
+        """The tables built so far (every one after `finish`)."""
+        with self._tables_lock:
+            return dict(self._tables)
 
     def outgoing(self, local: RankTotals) -> None:
         """Say how many windows this rank has summarised (those are offered) and how many are still running."""
@@ -122,20 +140,35 @@ class WindowExchange:
                 self._share(self._summaries.take(offered) if self._summaries is not None else {}, slots, final=False)
 
     def finish(self) -> None:
-        """At the session's end, on every rank: exchange what is left, then settle every held trace."""
+        """At the session's end, on every rank: exchange what is left, settle every held trace, and wait for the
+        worker, so that `tables` is complete."""
         mine = self._summaries.collect() if self._summaries is not None else {}
         counts = self._session.exchange.gather([float(len(mine))])
         slots = int(max(count[0] for count in counts)) if counts else 0
         self._share(mine, slots, final=True)
+        self._worker.shutdown(wait=True)
 
     def _share(self, mine: dict[WindowKey, WindowSummary], slots: int, final: bool) -> None:
+        """Join the gather here; hand the rows to the worker."""
+        gathered = gather_summaries(self._session.exchange, mine, slots) if slots else None
+        requested = self._requested() if self._flag_distance_pct is not None else {}
+        self._worker.submit(self._settle, gathered, slots, requested, final)
+
+    def _settle(
+        self,
+        gathered: list[list[float]] | None,
+        slots: int,
+        requested: Mapping[WindowKey, Collection[int]],
+        final: bool,
+    ) -> None:
+        """On the worker, after the gather: each rank's own work, so an error here cannot leave another waiting."""
         session = self._session
-        assert session.run_dir is not None
-        tables = exchange_summaries(session.exchange, session.run_dir, mine, slots) if slots else {}
-        self.tables.update(tables)
-        try:  # after the gather, each rank's own work: an error here cannot leave another rank waiting
+        try:
+            assert session.run_dir is not None
+            tables = build_tables(session.run_dir, gathered, slots) if gathered is not None else {}
+            with self._tables_lock:
+                self._tables.update(tables)
             if self._flag_distance_pct is not None:
-                requested = self._requested()
                 for key, table in tables.items():
                     self._keep_trace[key] = session.global_rank in requested.get(key, ()) or keeps_trace(
                         table, session.global_rank, self._flag_distance_pct
@@ -146,7 +179,9 @@ class WindowExchange:
                 for (stage, window), table in tables.items():
                     session.log_metrics(spread_metrics(stage, table), step=window)
         except Exception as error:
-            log.warning("anemoi-profiler: window summaries: %s: %s", type(error).__name__, error)
+            if not self._warned:
+                self._warned = True
+                log.warning("anemoi-profiler: window summaries: %s: %s", type(error).__name__, error)
 
 
 def write_tables(run_dir: Path, tables: dict[WindowKey, WindowTable]) -> None:
