@@ -85,10 +85,11 @@ def _alive(sender: Sender | None) -> bool:
 
 # ---- the sender's MLflow import, in idle time, raced when it is late ----
 # idle_import: the sender imports MLflow (0.8 s of CPU or more) in a thread that runs only when a core would
-# otherwise be idle (Linux's SCHED_IDLE), not beside the first steps at a nice level: early steps +X.XX % with it,
-# +3.58 % without (`benchmarks/run.py --sections short`). Where no core is ever idle that thread starves, and an
-# unprivileged process cannot leave SCHED_IDLE; so the training process races a second sender at normal priority
-# against it once `RACE_AFTER_S` have passed or the run ends, and keeps whichever is ready first (`SenderProcess`).
+# otherwise be idle (Linux's SCHED_IDLE), not beside the first steps at a nice level: a bare fit's early steps
+# beside that import read -0.96 % with it, +3.48 % at nice 10 (`benchmarks/run.py --sections short`). Where no
+# core is ever idle that thread starves, and an unprivileged process cannot leave SCHED_IDLE; so the training
+# process races a second sender at normal priority against it once `RACE_AFTER_S` have passed or the run ends,
+# and keeps whichever is ready first (`SenderProcess`).
 RACE_AFTER_S = 10.0
 """How long a sender importing in idle time has before a second one, at normal priority, is raced against it."""
 IDLE_SCHEDULING = sys.platform.startswith("linux")
