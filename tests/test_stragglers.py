@@ -53,8 +53,9 @@ def test_a_rank_sleeping_in_its_step_is_named_and_the_others_wait_about_its_slee
 def test_a_rank_with_a_slow_dataloader_is_named_with_data_loading_as_the_cause(tmp_path: Path) -> None:
     run_dir = straggler_job(tmp_path, "--slow-data-rank=1", f"--slow-data-ms={SLEEP_MS:g}")
 
-    assert set(values(run_dir, names.TRAIN_SLOWEST_RANK)) == {1.0}
-    assert set(values(run_dir, names.TRAIN_DATALOADER_SLOWEST_RANK)) == {1.0}
+    for key in (names.TRAIN_SLOWEST_RANK, names.TRAIN_DATALOADER_SLOWEST_RANK):
+        slowest = values(run_dir, key)
+        assert sum(rank == 1.0 for rank in slowest) >= 0.8 * len(slowest), (key, slowest)
     assert median(values(run_dir, names.TRAIN_DATALOADER_WAIT_MS_MAX)) == pytest.approx(SLEEP_MS, rel=0.3)
     assert "its own data wait explains it" in verdicts(run_dir)["slow rank"]
 
@@ -64,7 +65,8 @@ def test_with_gradient_accumulation_the_wait_is_per_optimizer_step(tmp_path: Pat
     waited out there, not in the gradient all-reduce, and must still count."""
     run_dir = straggler_job(tmp_path, "--accumulate=2", "--slow-rank=1", f"--slow-ms={SLEEP_MS / 2:g}")
 
-    assert set(values(run_dir, names.TRAIN_SLOWEST_RANK)) == {1.0}
+    slowest = values(run_dir, names.TRAIN_SLOWEST_RANK)  # a busy machine once made rank 0 the slower in one interval
+    assert sum(rank == 1.0 for rank in slowest) >= 0.8 * len(slowest), slowest
     assert median(values(run_dir, names.TRAIN_STRAGGLER_MS)) == pytest.approx(SLEEP_MS, rel=0.3)
     assert "per optimizer step" in verdicts(run_dir)["slow rank"]
 
