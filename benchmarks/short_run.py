@@ -14,6 +14,13 @@ measured beside them:
 - early steps: the median step time over batches 40-160 of each fit, as a ratio to the bare fit of the same
   repetition; the section's figure is the median ratio. A set whose control strays by more than 1 % is
   repeated, not counted (the attempts are kept in the results).
+- early steps by parts: whole fits on a shared VM differ by several percent (the host's speed drifts within
+  seconds), more than the 1 % to resolve. Every fit also carries `step_parts.StepParts`, which reads, over the
+  same batches and within the fit, the training thread's time in callback hooks as Lightning calls them, in the
+  trainer's profiler calls, and waiting for a core, as a share of the fit's own median step; what a kind adds
+  is its median share less the bare fits' (`by_parts_pct`; bare (control) is this figure's noise floor). It
+  does not see work on the other core that slows this one through shared caches or memory bandwidth: that is
+  what `bare beside MLflow's import` measures, by whole fits.
 - `fit()`: its wall time, the callbacks built just before the Trainer (after the model and the data, so
   the sender's start has the least head start a script can give it).
 - a script that fits and exits: a fresh interpreter's wall time, imports included, from start to exit.
@@ -59,6 +66,7 @@ import lightning.pytorch as pl
 import torch
 from configurations import missing
 from models import SPECS, make_loader, make_model, make_trainer, samples_in
+from step_parts import StepParts, added_pct, share_pct
 
 STEPS = 160
 EARLY = (40, 160)
@@ -170,7 +178,8 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
     clock = BatchEnds(sync_cuda=device == "cuda")
     if kind in PROFILED and not callbacks_first:
         ours = profiled_callbacks(work_dir, store)
-    trainer = make_trainer(spec, device, STEPS, [*ours, clock])
+    parts = StepParts(*EARLY)
+    trainer = make_trainer(spec, device, STEPS, [*ours, clock, parts])
     importing = start_import_beside() if kind == IMPORT_BESIDE else None
     try:
         with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
@@ -187,6 +196,8 @@ def short_fit(spec_name: str, device: str, kind: str, work_dir: Path, store: str
         "longest_step_ms": max(steps) * 1000,
         "fit_s": fit_s,
         "children_cpu_in_window_s": clock.children_cpu_in_window_s(),
+        "parts_us": (per_batch := parts.per_batch_us()),
+        "parts_pct": share_pct(per_batch, early_step_ms(clock.ends)) if per_batch else None,
     }
     if ours:
         session = ours[0].session
@@ -234,6 +245,7 @@ def _fit_set(spec: str, device: str, repetitions: int, work_dir: Path, store: st
             "ratios": ratios,
             "control_ratios": controls,
             "import_beside_ratios": import_ratios,
+            "by_parts_pct": {kind: added_pct(by_kind[kind], bare) for kind in KINDS if kind != "bare"},
         },
         "fit": {
             "bare_s": median["bare"],

@@ -135,6 +135,14 @@ TARGETS = [
         short_run_noise,
     ),
     Target(
+        "short_run_early_steps_parts_pct",
+        "short run, batches 40-160: what the default callbacks add to a step on the training thread (hooks, the "
+        "profiler stand-in, waiting for a core), read within each fit, a process's first run (median, %)",
+        "<=",
+        1.0,
+        lambda r: r["short_run"]["early_steps"]["by_parts_pct"]["ours"],
+    ),
+    Target(
         "short_run_fit_extra_s",
         "short run: fit() wall time (end model), default callbacks minus bare (s)",
         "<=",

@@ -1,10 +1,10 @@
 """The base of callbacks that turn the session's training and validation intervals into metrics.
 
 Every such callback of a session listens to one `StageClock`. The first to start drives it from its four batch
-hooks, which call the clock; the others' do nothing, and they only receive laps (see `stage_clock`); subclasses
-therefore define none of the four. An error in the driving hooks stops the driving (logged once); one in the
-driving callback's other hooks disables that callback's own metrics but leaves the clock running for the others,
-and in step with the other ranks' exchanges.
+hooks, which call the clock; the others take theirs off (`tracking.startup.skip_hooks`) and only receive laps
+(see `stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the
+driving (logged once); one in the driving callback's other hooks disables that callback's own metrics but leaves
+the clock running for the others, and in step with the other ranks' exchanges.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from ..reports.step_series import CHECKPOINT
 from ..run.clock import Lap, LoopTimer, RankTotals, StageMeter
+from ..tracking.startup import skip_hooks
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
@@ -68,6 +69,8 @@ class StageCallback(ProfilerCallback):
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
             clock.hook_failed = self._driving_hook_failed
+        else:
+            skip_hooks(self, _DRIVING_HOOKS)  # they would do nothing
 
     def _driving_hook_failed(self, hook: str, error: Exception) -> None:
         for name in _DRIVING_HOOKS:

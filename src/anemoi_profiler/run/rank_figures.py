@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from statistics import mean
+from statistics import fmean as mean  # statistics.mean sums Fractions: 9 µs a call, fmean 0.3 µs
 
 from .. import names
 from .clock import RankTotals

@@ -161,11 +161,15 @@ def collector_paused_and_frozen() -> Iterator[None]:
 
 # ---- the training's hot path ----
 def skip_unused_hooks(callback: Any, base: type, hooks: tuple[str, ...]) -> None:
+    """Of `hooks`, those the callback's class does not override (see `skip_hooks`)."""
+    skip_hooks(callback, tuple(hook for hook in hooks if getattr(type(callback), hook) is getattr(base, hook)))
+
+
+def skip_hooks(callback: Any, hooks: tuple[str, ...]) -> None:
     """hooks_none: Lightning calls every callable hook of every callback every batch (inside its profiler's
-    context); one set to None on the instance it skips. Buys 25 µs a batch (`startup_tricks.py --settings probe`):
-    0.04 % of a 50 ms step, but half a point of the 4-5 ms step of the early-steps figure (≤ 1 %), which it holds."""
-    if not uses("hooks_none"):
-        return
-    for hook in hooks:
-        if getattr(type(callback), hook) is getattr(base, hook):
+    context); one set to None on the instance it skips. Our unused hooks and a second callback's clock hooks
+    (only one drives the clock) buy 25 µs a batch (`startup_tricks.py --settings probe`): 0.04 % of a 50 ms
+    step, a third of a point of the 8 ms step of the early-steps figure (`short_run.py`, by parts)."""
+    if uses("hooks_none"):
+        for hook in hooks:
             setattr(callback, hook, None)
