@@ -17,7 +17,8 @@ first).
 - `end`: `fit()` of the "1 ms" model, 160 steps (the short run whose end waits for the sender's start-up).
 - `callbacks_first`: the same with the callbacks built `SETUP_S` before the Trainer (what a prestart overlaps).
 - `later_run`: `fit()` of a second run in the same process (what a kept sender buys).
-- `early`: the median step over batches 40-160 of the "5 ms" model, as a ratio to bare.
+- `early`: the median step over batches 40-160 of the "5 ms" model, as a ratio to bare; and what the callbacks
+  add to those steps on the training thread, read within each fit (`step_parts.StepParts`), in points over bare.
 - `steady`: the mean step after 20 batches of the "50 ms" model (`--steady-steps`), as a ratio to bare, and
   `fit()`; groups of tricks left out together (`startup`: the sender's, `hot_path`: the hooks').
 - `probe`: the training thread's cost of our hooks per batch, through Lightning's dispatcher (`measure.HookLoop`
@@ -47,13 +48,14 @@ from typing import Any
 import torch
 from measure import HookLoop
 from models import SPECS, make_loader, make_model, make_trainer, quiet_lightning
-from short_run import SCRIPT, SETUP_S, BatchEnds, early_step_ms, profiled_callbacks, stand_in_setup
+from short_run import EARLY, SCRIPT, SETUP_S, BatchEnds, early_step_ms, profiled_callbacks, stand_in_setup
+from step_parts import StepParts, share_pct
 
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.startup import WITHOUT_VARIABLE
 
 SENDER_TRICKS = ("prestart", "kept_sender", "idle_import", "leave_out_imports", "gc_freeze")
-HOT_PATH_TRICKS = ("hooks_none",)
+HOT_PATH_TRICKS = ("hooks_none", "quiet_profiler")
 GROUPS = {"startup": SENDER_TRICKS, "hot_path": HOT_PATH_TRICKS}
 STEADY_MS = 50.0
 STEADY_WARMUP = 20
@@ -112,9 +114,9 @@ def fit(spec_name: str, steps: int, work_dir: Path, store: str, tricks: tuple[st
         model, loader = make_model(spec), make_loader(spec, steps)
         if tricks is not None and not how.get("callbacks_first"):
             callbacks = profiled_callbacks(work_dir, store)
-        clock = BatchEnds(sync_cuda=False)
+        clock, parts = BatchEnds(sync_cuda=False), StepParts(*EARLY)
         probe = HookLoop(callbacks, after_batch=20, blocks=10, per_block=100, between=5) if how.get("probe") else None
-        trainer = make_trainer(spec, "cpu", steps, [*callbacks, clock, *([probe] if probe else [])])
+        trainer = make_trainer(spec, "cpu", steps, [*callbacks, clock, *([probe] if probe else [parts])])
         with (work_dir / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
             started = time.perf_counter()
             trainer.fit(model, loader)
@@ -123,6 +125,8 @@ def fit(spec_name: str, steps: int, work_dir: Path, store: str, tricks: tuple[st
     row = {"fit_s": fit_s, "steps": len(ends)}
     if len(ends) >= 160:
         row["early_step_ms"] = early_step_ms(ends)
+        per_batch = parts.per_batch_us()
+        row["parts_pct"] = share_pct(per_batch, row["early_step_ms"]) if per_batch else None
     if len(ends) > STEADY_WARMUP:
         row["steady_step_ms"] = (ends[-1] - ends[STEADY_WARMUP - 1]) / (len(ends) - STEADY_WARMUP) * 1000
     if probe is not None:
@@ -192,7 +196,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "end": [("fit_s", "end", "diff")],
         "callbacks_first": [("fit_s", "end", "diff")],
         "later_run": [("fit_s", "end", "diff")],
-        "early": [("early_step_ms", "early", "ratio")],
+        "early": [("early_step_ms", "early", "ratio"), ("parts_pct", "early", "diff")],
         "steady": [("steady_step_ms", "steady", "ratio"), ("fit_s", "steady", "diff")],
         "probe": [("probe_best_us", None, "raw"), ("probe_share_pct", None, "raw")],
         "script": [("wall_s", "script", "diff"), ("fit_s", "script", "diff")],

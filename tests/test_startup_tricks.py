@@ -9,9 +9,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 
 from anemoi_profiler import ProfilerConfig, StepTimingCallback, build_callbacks, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.run.clock import LoopTimer
 from anemoi_profiler.tracking import sender, startup
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -72,3 +74,21 @@ def test_only_the_callback_that_drives_the_clock_keeps_its_batch_hooks(
         run_dir = ours[0].session.run_dir
         logged = json.loads((run_dir / "metrics.json").read_text())
         assert names.TRAIN_SAMPLES_PER_SEC in logged and names.TRAIN_STEP_MS in logged  # both callbacks' metrics
+
+
+def test_the_stand_in_for_lightnings_do_nothing_profiler_does_nothing_more_cheaply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timer = LoopTimer(PassThroughProfiler())
+    assert timer.profile("[Callback]A.on_train_batch_end") is timer.profile("run_training_batch")  # one shared nothing
+    timer.start_sample()
+    with timer.profile("[Callback]A.on_train_batch_end"):
+        pass
+    assert set(timer.end_sample()) == {"A"}  # a sampled gap still times each callback
+    assert timer.profile("x") is timer.profile("y")  # and then does nothing cheaply again
+    simple = SimpleProfiler()
+    with LoopTimer(simple).profile("a user's profiler still profiles"):
+        pass
+    assert "a user's profiler still profiles" in simple.recorded_durations
+    monkeypatch.setenv(startup.WITHOUT_VARIABLE, "quiet_profiler")
+    assert LoopTimer(PassThroughProfiler()).profile("x") is not LoopTimer(PassThroughProfiler()).profile("x")

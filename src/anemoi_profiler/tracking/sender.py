@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 NICENESS = 10
 """How much lower than the training's the sender's CPU priority is: its start-up (importing MLflow, a second
 or more of CPU) goes to the training's first steps when cores are short."""
-POLL_S = 0.02
-"""How often the wait for a starting sender looks at the clock and at the run's end (`SenderProcess.hurry`)."""
 IDLE_EXIT_S = 600.0
 """How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
 DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
@@ -64,6 +62,10 @@ class SenderProcess:
         self._racer: startup.Sender | None = None
         self._lock = threading.Lock()
         self._hurry = threading.Event()
+        self._wake_lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None
+        """A pipe that `hurry` writes to while `_first_ready` waits: it sleeps until a sender answers, its
+        deadline or the run's end, never waking up to look (the training's thread would lose its core to it)."""
 
     def ensure_run(self) -> str | None:
         _succeeded(self._ask({"op": "ensure_run"}))
@@ -83,6 +85,9 @@ class SenderProcess:
         """The run is ending and waits for the sender: race one at the training's priority now against a sender
         still importing MLflow in idle time (see `startup.RACE_AFTER_S`)."""
         self._hurry.set()
+        with self._wake_lock:
+            if self._wake is not None:
+                os.write(self._wake[1], b"!")
 
     def release(self) -> None:
         """This run is done with the sender: keep it, MLflow imported, for the process's next run; stop it
@@ -150,18 +155,35 @@ class SenderProcess:
     def _first_ready(self) -> startup.Sender:
         """Wait for the sender's "ready" line; for one importing in idle time, race a second sender at normal
         priority against it after `RACE_AFTER_S` or once the run ends (`hurry`), and keep the first ready."""
-        assert self._sender is not None
-        while True:
-            waiting = [sender for sender in (self._sender, self._racer) if sender is not None]
-            readable, _, _ = select.select([sender.replies for sender in waiting], [], [], POLL_S)
-            for sender in waiting:
-                if sender.replies in readable:
-                    return self._settle(sender, ready=sender.replies.readline() != "")
-            if self._racer is None and self._sender.idle and self._late():
-                self._racer = _spawn(store_module_for(self.tracking_uri), idle=False, niceness=self._niceness())
+        with self._wake_lock:
+            self._wake = os.pipe()
+        try:
+            while True:
+                assert self._sender is not None and self._wake is not None
+                racing = self._racer is not None or not self._sender.idle
+                if not racing and self._late():
+                    self._racer = _spawn(store_module_for(self.tracking_uri), idle=False, niceness=self._niceness())
+                    racing = True
+                waiting = [sender for sender in (self._sender, self._racer) if sender is not None]
+                watched: list[IO[str] | int] = [*(sender.replies for sender in waiting), self._wake[0]]
+                deadline = self._sender.started_at + startup.RACE_AFTER_S
+                timeout = None if racing else max(0.0, deadline - time.monotonic())
+                readable, _, _ = select.select(watched, [], [], timeout)
+                for sender in waiting:
+                    if sender.replies in readable and (kept := self._settle(sender, sender.replies.readline() != "")):
+                        return kept
+                if self._wake[0] in readable:
+                    os.read(self._wake[0], 64)
+        finally:
+            with self._wake_lock:
+                wake, self._wake = self._wake, None
+            if wake is not None:
+                for fd in wake:
+                    os.close(fd)
 
-    def _settle(self, sender: startup.Sender, ready: bool) -> startup.Sender:
-        """`sender` answered: ready, it wins the race; at its end of file (it died), the other one, if any."""
+    def _settle(self, sender: startup.Sender, ready: bool) -> startup.Sender | None:
+        """`sender` answered: ready, it wins the race and is returned; at its end of file (it died), None: the
+        other one, if any, is waited for."""
         other = self._racer if sender is self._sender else self._sender
         self._sender = self._racer = None
         if not ready:
@@ -169,7 +191,7 @@ class SenderProcess:
             if other is None:
                 raise OSError(f"it exited with code {sender.process.poll()} before it was ready")
             self._sender = other
-            return self._first_ready()
+            return None
         if other is not None:
             _end(other.process, other.replies, 0.0)
         self._sender = sender._replace(ready=True)
