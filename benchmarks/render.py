@@ -219,6 +219,14 @@ def _fresh_script_lines(fresh: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _by_parts_lines(by_parts: dict[str, float | None] | None) -> list[str]:
+    """What each kind adds to a step on the training thread, read within each fit (`step_parts`)."""
+    if not by_parts:
+        return []
+    figures = ", ".join(f"{kind} {pct:+.2f}" for kind, pct in by_parts.items() if pct is not None)
+    return [f"    the same by parts (hooks, profiler calls, waiting for a core; points over bare): {figures}"]
+
+
 def render_short_run(section: dict[str, Any] | None) -> list[str]:
     if not section or "early_steps" not in section:
         return note_lines("Short run", section)
@@ -240,6 +248,7 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
                 if "import_beside_pct" in early
                 else ")"
             ),
+            *_by_parts_lines(early.get("by_parts_pct")),
             f"    fit(): bare {fit['bare_s']:.2f} s, ours {fit['ours_s']:.2f} s: {fit['extra_s']:+.2f} s "
             f"(bare vs bare {fit['control_s']:+.2f} s)",
             "    the profiled fits' end (median s): "

@@ -109,8 +109,12 @@ def test_the_end_of_a_run_races_a_sender_at_the_trainings_priority(tmp_path: Pat
         assert target._sender is not None and not target._sender.idle
         assert psutil.Process(target._sender.process.pid).nice() == os.nice(0)
         assert waited < startup.RACE_AFTER_S  # it did not wait for the deadline
+        target.release()  # kept for the process's next run: at the sender's own priority again
+        kept = startup.waiting()
+        assert kept is not None and psutil.Process(kept.process.pid).nice() == os.nice(0) + sender.NICENESS
     finally:
         target.stop()
+        sender.end_kept()
 
 
 def test_a_short_fit_on_busy_cores_ends_without_waiting_for_the_starved_import(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ class SenderProcess:
             return
         if startup.keep_for_next_run(sender):
             self._sender = None
+            _lower_priority(sender.process.pid)  # a racer started at the run's end ran at the training's own
         else:
             self.stop()
 
@@ -204,6 +205,12 @@ class SenderProcess:
     def _niceness(self) -> int:
         """The training waits for a racer started at the run's end: it gets the training's own priority."""
         return 0 if self._hurry.is_set() else NICENESS
+
+
+def _lower_priority(pid: int) -> None:
+    """Set the sender to `NICENESS` below this process (raising a child's nice value needs no privilege)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICENESS))
 
 
 def prestart(likely_uri: str) -> None:
