@@ -10,7 +10,6 @@ import contextlib
 import gc
 import importlib.util
 import json
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from measure import HOOK_NAMES, HookTimer, StepClock
+from measure import HOOK_NAMES, HookTimer, StepClock, all_children_cpu_s
 from models import ModelSpec, make_loader, make_model, make_trainer, samples_in
 
 try:
@@ -198,7 +197,7 @@ def fit_once(
     """Train `bench.total` batches with configuration `name` (or a ready `setup`) and time the steady state."""
     folder.mkdir(parents=True, exist_ok=True)
     setup = setup or CONFIGURATIONS[name](bench, folder)
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_before = all_children_cpu_s()
     clock = StepClock(bench.warmup, bench.total, sync_cuda=bench.device == "cuda")
     timer = floor = None
     timed: list[Any] = []
@@ -214,8 +213,7 @@ def fit_once(
     with (folder / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
         trainer.fit(model, loader)
     fit_ended = time.perf_counter()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the MLflow sender has ended with the fit
-    children_cpu_s = children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
+    children_cpu_s = all_children_cpu_s() - children_before  # the MLflow sender: kept for the next fit, or ended
     run_dir = setup.ours[0].session.run_dir if setup.ours else None
     result = FitResult(
         name=name,

@@ -6,12 +6,15 @@ import cProfile
 import functools
 import io
 import itertools
+import os
 import pstats
+import resource
 import statistics
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -320,3 +323,27 @@ def distribution(values: Sequence[float]) -> dict[str, float]:
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median, min and max of repeated measurements (few repetitions: no standard deviation)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def children_cpu_s() -> float | None:
+    """CPU seconds this process's live child processes have used (Linux `/proc`); None where it cannot tell."""
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+        pids = {pid for task in tasks for pid in (task / "children").read_text().split()}
+    except OSError:
+        return None
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended a moment ago
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def all_children_cpu_s() -> float:
+    """CPU seconds of this process's children: the live ones (`/proc`) and those ended and waited for. A child
+    alive at two readings (the MLflow sender kept for the next run) counts what it used between them."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (children_cpu_s() or 0.0) + ended.ru_utime + ended.ru_stime

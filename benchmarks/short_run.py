@@ -65,6 +65,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from configurations import missing
+from measure import children_cpu_s
 from models import SPECS, make_loader, make_model, make_trainer, samples_in
 from step_parts import StepParts, added_pct, share_pct
 
@@ -115,23 +116,6 @@ class BatchEnds(pl.Callback):
     def children_cpu_in_window_s(self) -> float | None:
         readings = [seconds for seconds in self.children_cpu_s if seconds is not None]
         return readings[1] - readings[0] if len(readings) == 2 else None
-
-
-def children_cpu_s() -> float | None:
-    """CPU seconds this process's live child processes have used (Linux `/proc`); None where it cannot tell."""
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-        pids = {pid for task in tasks for pid in (task / "children").read_text().split()}
-    except OSError:
-        return None
-    ticks = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended a moment ago
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def start_import_beside() -> subprocess.Popen[bytes]:

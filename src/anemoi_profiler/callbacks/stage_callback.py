@@ -32,7 +32,8 @@ class StageCallback(ProfilerCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.drives = False  # a callback that drove an earlier run's clock: not this one's, yet
         for hook in _DRIVING_HOOKS:
-            vars(self).pop(hook, None)  # hooks an earlier run's failure took off
+            if hook in vars(self) and vars(self)[hook] is None:  # taken off in an earlier run: it failed, or
+                del vars(self)[hook]  # another callback drove the clock (a wrapper someone put there stays)
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
