@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from statistics import fmean as mean  # statistics.mean sums Fractions: 9 µs a call, fmean 0.3 µs
+from statistics import fmean  # statistics.mean sums Fractions: 9 µs a call, fmean 0.3 µs
 
 from .. import names
 from .clock import RankTotals
@@ -31,7 +31,7 @@ def step_figures(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
     measured = [rank.step_ms for rank in ranks if rank.step_ms > 0]
     if not measured:
         return {}
-    metrics = {names.timing(stage, "step_ms"): mean(measured)}
+    metrics = {names.timing(stage, "step_ms"): fmean(measured)}
     if len(ranks) > 1:
         metrics[names.timing(stage, "step_ms_min")] = min(measured)
         metrics[names.timing(stage, "step_ms_max")] = max(measured)
@@ -44,12 +44,12 @@ def gap_figures(stage: str, ranks: list[RankTotals]) -> dict[str, float]:
     if not counted:
         return {}
     metrics = {
-        names.timing(stage, "callbacks_ms"): mean(rank.per_batch_ms(rank.callbacks_s) for rank in counted),
-        names.timing(stage, "loop_ms"): mean(rank.per_batch_ms(rank.loop_s) for rank in counted),
+        names.timing(stage, "callbacks_ms"): fmean(rank.per_batch_ms(rank.callbacks_s) for rank in counted),
+        names.timing(stage, "loop_ms"): fmean(rank.per_batch_ms(rank.loop_s) for rank in counted),
     }
     if all(rank.fetches for rank in counted):
         waits = {index: rank.per_batch_ms(rank.wait_s) for index, rank in enumerate(ranks) if rank.batches}
-        metrics[names.timing(stage, "dataloader_wait_ms")] = mean(waits.values())
+        metrics[names.timing(stage, "dataloader_wait_ms")] = fmean(waits.values())
         if stage == "train" and len(ranks) > 1:
             slowest = max(waits, key=waits.__getitem__)
             metrics[names.TRAIN_DATALOADER_WAIT_MS_MAX] = waits[slowest]
@@ -65,10 +65,10 @@ def collective_wait_figures(ranks: list[RankTotals]) -> dict[str, float]:
     straggler = min(range(len(waits)), key=waits.__getitem__)
     others = [wait - waits[straggler] for index, wait in enumerate(waits) if index != straggler]
     return {
-        names.TRAIN_COLLECTIVE_WAIT_MS: mean(waits),
+        names.TRAIN_COLLECTIVE_WAIT_MS: fmean(waits),
         names.TRAIN_COLLECTIVE_WAIT_MS_MIN: min(waits),
         names.TRAIN_COLLECTIVE_WAIT_MS_MAX: max(waits),
-        names.TRAIN_STRAGGLER_MS: mean(others),
+        names.TRAIN_STRAGGLER_MS: fmean(others),
     }
 
 

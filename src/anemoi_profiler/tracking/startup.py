@@ -168,10 +168,10 @@ def skip_unused_hooks(callback: Any, base: type, hooks: tuple[str, ...]) -> None
 
 def skip_hooks(callback: Any, hooks: tuple[str, ...]) -> None:
     """hooks_none: Lightning calls every callable hook of every callback every batch (inside its profiler's
-    context); one set to None on the instance it skips. Our unused hooks and a second callback's clock hooks
-    (only one drives the clock) buy 25 µs a batch (`startup_tricks.py --settings probe`): 0.04 % of a 50 ms
-    step, 0.6 points of the 7-8 ms step of the early-steps figure (1.40 % without, 0.78 % with: `startup_tricks.py
-    --settings early`, by parts)."""
+    context); one set to None on the instance it skips. Our unused hooks buy 25 µs a batch (`startup_tricks.py
+    --settings probe`): 0.04 % of a 50 ms step. With the clock hooks of the stage callback that does not drive the
+    clock, 0.6 points of the 7-8 ms step of the early-steps figure (1.40 % without, 0.78 % with:
+    `startup_tricks.py --settings early`, by parts)."""
     if uses("hooks_none"):
         for hook in hooks:
             setattr(callback, hook, None)
