@@ -9,10 +9,17 @@ thread can still hold the tensors of the last all-gather when Python finalizes; 
 the GIL, Python ends that thread with `pthread_exit`, and the unwind through a C++ destructor calls
 `std::terminate`: "terminate called without an active exception", SIGABRT, a finished job marked failed.
 Destroying the group and dropping the last reference to it joins those threads while Python still runs.
+
+That join holds the GIL. A gloo worker thread frees each collective's work after the collective completes; if Python
+has let go of the work's tensors by then, the worker must take the GIL to free their Python objects, and a join at
+that moment waits for the worker while the worker waits for the GIL: the rank never ends (seen on torch 2.4, where
+the group also sits in a reference cycle, freed by whichever garbage collection comes next). So the all-gathers
+reuse buffers that the exchange holds until the group is gone, and `close` frees the group itself.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from datetime import timedelta
 from typing import Any
@@ -32,6 +39,7 @@ class RankExchange:
         self.rank = 0
         self._group: dist.ProcessGroup | None = None  # None once an exchange failed or the exchange was closed
         self._owned: dist.ProcessGroup | None = None  # the group to destroy at `close`, whatever the exchanges did
+        self._buffers: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # by length, kept until `close`
         if timeout_s is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.world_size = dist.get_world_size()
             self.rank = dist.get_rank()
@@ -44,8 +52,8 @@ class RankExchange:
             return [list(values)]
         if self._group is None:
             return None
-        local = torch.tensor(values, dtype=torch.float64)
-        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        local, gathered = self._buffers_for(len(values))
+        local.copy_(torch.tensor(values, dtype=torch.float64))
         try:
             dist.all_gather(gathered, local, group=self._group)
         except Exception as error:  # a rank died or hung: stop exchanging, keep training
@@ -59,6 +67,12 @@ class RankExchange:
             )
             return None
         return [tensor.tolist() for tensor in gathered]
+
+    def _buffers_for(self, length: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if length not in self._buffers:
+            local = torch.zeros(length, dtype=torch.float64)
+            self._buffers[length] = (local, [torch.empty_like(local) for _ in range(self.world_size)])
+        return self._buffers[length]
 
     def gather_texts(self, text: str) -> list[str]:
         """Each rank's `text` (a host name, say), once at the start; this rank's alone when not exchanging."""
@@ -102,3 +116,6 @@ class RankExchange:
             dist.destroy_process_group(group)
         except Exception as error:  # the user destroyed every group already: nothing left to join
             log.debug("anemoi-profiler: destroying the profiler's process group: %s", error)
+        del group
+        gc.collect()  # frees the group (a reference cycle in some torch versions): its threads are joined now
+        self._buffers = {}
