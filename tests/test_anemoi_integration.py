@@ -22,6 +22,9 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import load_run
 from tests.helpers.lightning_models import trainer
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 FULL_GRID, SHARD = 40, 10
 
 

@@ -13,6 +13,9 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler import names
 from anemoi_profiler.tracking.mlflow_target import EXPERIMENT_TAGS
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 # The console script installed beside this interpreter: what a user of this environment runs.
 CLI = str(Path(sys.executable).with_name("anemoi-profiler"))
 

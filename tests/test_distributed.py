@@ -8,6 +8,8 @@ sum the ranks, per-node system metrics, and one trace per profiled rank in each 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,11 +32,13 @@ from tests.helpers.jobs import (
     SMALL_WINDOWS,
     WARMUP_STEPS,
     example,
+    finish_job,
     free_port,
     only_run,
     only_run_folder,
     run_jobs,
     run_ok,
+    start_job,
     throughput_summary,
     torchrun,
     trace_ranks,
@@ -52,6 +56,7 @@ def assert_global_is_sum_of_two_ranks(metrics: dict[str, float], prefix: str) ->
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_traces(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     run_ok(example("--devices=2", f"--output-dir={output_dir}", "--preset=detailed", *FAST, *SMALL_WINDOWS), tmp_path)
@@ -87,6 +92,7 @@ def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_trac
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_torchrun_with_the_users_mlflow_logger_and_only_rank_1_profiled(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     tracking_uri = f"sqlite:///{tmp_path / 'given.db'}"
@@ -137,6 +143,7 @@ def test_two_nodes_log_their_own_system_metrics_into_one_run(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_a_failing_rank_ends_the_job_and_rank_0_keeps_its_measurements(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     fail_at_step = 10
@@ -216,6 +223,51 @@ def test_ranks_exit_0_right_after_the_last_exchange_on_loaded_cores(tmp_path: Pa
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def processes_left(session_id: int) -> list[str]:
+    """The command lines of the processes still in a job's session (its launcher started one: `start_job`)."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session_id:  # the fields after the name: state, ppid, pgrp, session
+                left.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue  # ended while we read
+    return left
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+@pytest.mark.parametrize("repetition", range(3))
+@pytest.mark.parametrize("preset", ["simple", "detailed"])
+def test_a_two_rank_fit_with_each_preset_ends_and_leaves_no_process(
+    tmp_path: Path, preset: str, repetition: int
+) -> None:
+    """The job ends when its ranks have finished, every time: no rank stays behind in the profiler's end.
+
+    On torch 2.4 a rank could stay in the session's end for good after the launcher exited 0 (the exchange's close);
+    the hang came in some fits only, so each preset runs several times.
+    """
+    output_dir = tmp_path / "runs"
+    job = start_job(example(f"--preset={preset}", "--devices=2", f"--output-dir={output_dir}", *FAST), tmp_path)
+    returncode, output = finish_job(job, time.monotonic() + JOB_TIMEOUT_S)
+    assert returncode == 0, output[-6000:]
+    deadline = time.monotonic() + 10  # rank 1 ends right after rank 0: give it a moment
+    while (left := processes_left(job.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        os.killpg(job.pid, signal.SIGKILL)
+    assert not left, f"processes left behind by the job: {left}\n{output[-3000:]}"
+    run_dir = only_run_folder(output_dir)
+    assert (run_dir / "report.json").is_file()
+    windows = trace_ranks(run_dir)
+    if preset == "detailed":  # the preset's windows, each with one trace per rank
+        assert windows, "the detailed preset wrote no trace"
+        assert all(ranks == [0, 1] for ranks in windows.values()), windows
+    else:
+        assert not windows, windows
 
 
 SESSIONS_IN_A_ROW = 40

@@ -18,6 +18,9 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.report import ReportSection, RunReport
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 ALWAYS_ON = [
     names.TRAIN_SAMPLES_PER_SEC,
     names.TRAIN_BATCHES_PER_SEC,

@@ -32,6 +32,9 @@ from anemoi_profiler.analysis.hta_worker import (
 from anemoi_profiler.cli.analyze import run_analyze
 from anemoi_profiler.cli.main import main
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 TIME_LIMIT_S = 240.0
 
 

@@ -21,6 +21,8 @@ from anemoi_profiler.run import lightning_private
 from anemoi_profiler.run.clock import is_compiled, loop_timer
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 NAMESPACES = ["lightning.pytorch", "pytorch_lightning"]
 EXPECTED = [*lightning_private.FETCH_ACTIONS, lightning_private.TRAINING_STEP]
 PACKAGE = Path(lightning_private.__file__).resolve().parents[1]
@@ -50,6 +52,7 @@ def instance_of(namespace: str, class_path: str, tmp_path: Path) -> Any:
 def test_every_private_attribute_exists_on_the_installed_lightning(
     namespace: str, attribute: str, tmp_path: Path
 ) -> None:
+
     installed = pytest.importorskip(namespace)
     class_path = lightning_private.PRIVATE_ATTRIBUTES[attribute]
     instance = instance_of(namespace, class_path, tmp_path)

@@ -13,7 +13,7 @@ from tests.helpers.jobs import EXAMPLES, example, only_run, only_run_folder, run
 EXAMPLE = EXAMPLES / "model_parallel_train.py"
 FAST = ["--max-steps=16", "log_every_n_steps=4", "throughput.warmup_steps=2", "report.console=false"]
 PEAK = "throughput.device_peak_flops=1e12"  # CPU has no known peak: MFU only with one given
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 
 def job(tmp_path: Path, *args: str) -> Path:

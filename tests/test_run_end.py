@@ -38,6 +38,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, function: Callable[..., Any], c
 
 
 @pytest.mark.slow  # a detailed fit with windows and a real MLflow sender: about 30 s on 2 busy cores
+@pytest.mark.stack
 def test_the_run_end_reads_the_folder_once_and_every_report_shows_one_diagnosis(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

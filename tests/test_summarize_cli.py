@@ -11,6 +11,8 @@ import pytest
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import CONFIG_FILE, ENVIRONMENT_FILE, trace_path
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 
 def test_summarize_prints_each_ranks_figures_of_a_trace_folder(
     fixtures_dir: Path, capsys: pytest.CaptureFixture[str]
@@ -26,6 +28,7 @@ def test_summarize_prints_each_ranks_figures_of_a_trace_folder(
 def test_summarize_json_of_a_run_folder_has_every_window(
     fixtures_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+
     run_dir = tmp_path / "20260101-000000_0123abcd"
     run_dir.mkdir()
     (run_dir / CONFIG_FILE).write_text("profiler: {}\n")

@@ -30,6 +30,9 @@ from anemoi_profiler.profiling.traces import (
     write_ranked_trace,
 )
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 # train: batch 0 skipped, then 2 cycles of wait 1, warmup 1, active 2 -> windows at batches 3-4 and 7-8.
 # val (per validation run): 2 cycles of warmup 1, active 1 -> windows at batches 1 and 3.
 WINDOWS = [

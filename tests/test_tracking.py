@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run.folder import print_where_to_look
 from anemoi_profiler.tracking import resolve_tracking_uri
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches
@@ -24,6 +25,7 @@ from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.helpers.mlflow_server import MlflowServer, free_port
 
 
+@pytest.mark.stack
 def test_sink_sends_batches_params_artifacts_and_ends_its_run(tmp_path: Path, sqlite_uri: str) -> None:
     artifact = tmp_path / "note.txt"
     artifact.write_text("hello")
@@ -91,7 +93,10 @@ def test_unreachable_server_never_blocks_training_and_sync_replays_exactly_once(
 
 
 def test_unreachable_server_is_reported_once_with_the_replay_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     sink = TrackingSink(
@@ -108,6 +113,11 @@ def test_unreachable_server_is_reported_once_with_the_replay_command(
     assert "anemoi-profiler sync" in warnings[0]
     spooled = [json.loads(p.read_text()) for p in pending_batches(tmp_path / "run" / "spool" / "rank0")]
     assert sum(len(batch["metrics"]) for batch in spooled) == 20
+    # Where to look names no run that was never made, and says how to send the spool once MLflow is there.
+    print_where_to_look(tmp_path / "run", sink)
+    printed = capsys.readouterr().out
+    assert f"anemoi-profiler sync {tmp_path / 'run'}" in printed
+    assert "MLflow run None" not in printed and "mlflow ui" not in printed
 
 
 class ServerOutage(pl.Callback):
@@ -124,6 +134,7 @@ class ServerOutage(pl.Callback):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,6 +190,7 @@ print("threads left:", [t.name for t in threading.enumerate() if t is not thread
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
     """MLflow's client is pure Python: in the training process it would hold the interpreter lock the training
     loop needs. A fit with the embedded store must not even import it, and its metrics must still arrive."""

@@ -25,6 +25,9 @@ from anemoi_profiler.profiling.window_summary import (
 )
 from anemoi_profiler.profiling.window_table import WindowTable
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
+
 GEMM = "sm90_xmma_gemm_bf16"
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 

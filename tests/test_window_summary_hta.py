@@ -18,6 +18,8 @@ from anemoi_profiler.cli.summarize import summarize_folder
 from anemoi_profiler.profiling.window_table import WindowTable
 from tests.conftest import FIXTURES
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 hta_trace_analysis = pytest.importorskip("hta.trace_analysis")
 hta_env_options = pytest.importorskip("hta.configs.env_options")
 

@@ -19,6 +19,8 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.profiling import window_summaries
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 
 def fit(tmp_path: Path, traces: str) -> Path:
     overrides = [
@@ -56,6 +58,7 @@ def fit(tmp_path: Path, traces: str) -> Path:
 def test_a_torch_before_2_12_summarises_every_window_from_the_saved_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, traces: str
 ) -> None:
+
     monkeypatch.setattr(window_summaries, "reads_in_process", lambda: False)
     with caplog.at_level(logging.WARNING):
         run_dir = fit(tmp_path, traces)

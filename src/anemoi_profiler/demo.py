@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
 from .build import build_callbacks
 from .config import ConfigError, ProfilerConfig
 from .tracking.mlflow_target import experiment_id
+from .tracking.mlflow_versions import sqlite_store_problem
 from .tracking.uris import artifact_location_for, resolve_tracking_uri
 
 
@@ -87,9 +88,11 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ConfigError(f"output_dir {config.output_dir} cannot be created: {error.strerror or error}") from None
+        tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
+        if tracking_uri.startswith("sqlite:") and (problem := sqlite_store_problem()):
+            raise ConfigError(problem)
         from mlflow.tracking import MlflowClient
 
-        tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
         # Made before the logger does, so that it is made as the profiler's own experiments are (their tags).
         experiment_id(MlflowClient(tracking_uri), tracking_uri, config.tracking.experiment)
         logger = MLFlowLogger(

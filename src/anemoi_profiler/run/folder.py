@@ -51,7 +51,12 @@ def print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
     """Where the run went; and when its end waited for the MLflow sender's start-up (a run that ended before
     the sender was ready), how long, and what gives the sender that time before the first batch instead."""
     lines = [f"anemoi-profiler: run folder {run_dir}"]
-    if sink is not None:
+    if sink is not None and sink.run_id is None:
+        lines.append(
+            f"anemoi-profiler: no MLflow run was made at {redact_uri(sink.tracking_uri)} (the warnings above say why); "
+            f"the measurements wait in the run folder's spool: send them with: anemoi-profiler sync {run_dir}"
+        )
+    elif sink is not None:
         lines.append(f"anemoi-profiler: MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}")
         link = run_url(sink.tracking_uri, sink.experiment_id, sink.run_id)
         if link:

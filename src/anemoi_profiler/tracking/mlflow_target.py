@@ -10,6 +10,7 @@ from typing import Any
 
 from ..redaction import REDACTED, redact_text, redact_uri
 from ..triggers.requests import REQUEST_TAG, relay_tag
+from .mlflow_versions import EXPERIMENT_KIND_TAG, MAX_TAG_VALUE_CHARS, sqlite_store_problem
 from .records import Batch
 from .spool import read_run_info, write_run_info
 from .uris import artifact_location_for
@@ -19,9 +20,6 @@ log = logging.getLogger(__name__)
 MAX_METRICS_PER_REQUEST = 1000
 MAX_PARAMS_PER_REQUEST = 100
 MAX_TAGS_PER_REQUEST = 100
-MAX_TAG_VALUE_CHARS = 8000
-"""MLflow's limit on a tag value (`mlflow.utils.validation.MAX_TAG_VAL_LENGTH` in 3.17): a longer description is
-cut by MLflow wherever the limit falls, or refused."""
 DESCRIPTION_TAG = "mlflow.note.content"
 """The tag MLflow shows as the run's Description (Markdown)."""
 SECTION_START = "<!-- anemoi-profiler -->"
@@ -30,7 +28,7 @@ SECTION_END = "<!-- /anemoi-profiler -->"
 CUT_NOTE = "\n\n*Cut to fit MLflow's limit on a description: the whole diagnosis is in report.html.*"
 KEPT_TAGS = ("mlflow.source.git.commit",)
 """Tags a run keeps when it has them: MLflow's git context of the user's script is better than our working folder's."""
-EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+EXPERIMENT_TAGS = {EXPERIMENT_KIND_TAG: "custom_model_development"}
 """On experiments the profiler creates (never on the user's): MLflow's UI kind for model training."""
 RELAY_INTERVAL_S = 5.0
 """Seconds between the sender's looks at the run's `profiler.request` tag (one `get_run`)."""
@@ -75,6 +73,8 @@ class MlflowTarget:
 
     def client(self) -> Any:
         if self._client is None:
+            if self.tracking_uri.startswith("sqlite:") and (problem := sqlite_store_problem()):
+                raise RuntimeError(problem)
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.tracking_uri)

@@ -6,10 +6,7 @@ import os
 from pathlib import Path
 
 from ..redaction import redact_uri
-
-MODEL_TRAINING_VIEW = "workflowType=machine_learning"
-"""MLflow 3.17's UI picks its view (GenAI or model training) from this URL parameter, else from the last one the
-browser used (GenAI at first), not from the experiment's `mlflow.experimentKind` tag: a run link carries it."""
+from .mlflow_versions import MODEL_TRAINING_VIEW
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:
