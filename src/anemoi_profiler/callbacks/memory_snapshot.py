@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .. import names
 from ..layout import snapshot_path
 from ..measure.snapshot_reader import summarize_snapshot
+from ..profiling.torch_private import memory_snapshot, record_memory_history, stop_memory_history
 from ..report import GB, MB, ReportSection
 from ..run import trainer_info
 from .base import ProfilerCallback, guarded
@@ -51,7 +50,7 @@ def dump_snapshot(path: Path, trigger: str) -> SnapshotDump:
     Summarizing the dict in memory avoids reading back a file that can reach hundreds of MB.
     """
     started = time.perf_counter()
-    snapshot = torch.cuda.memory._snapshot()
+    snapshot = memory_snapshot()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as file:
         pickle.dump(snapshot, file)
@@ -73,17 +72,14 @@ class WindowSnapshot:
     `max_entries` events, from the window's first batch to its end.
 
     When `memory_snapshot.enabled` records already, its recording is left as it is (switching it off would
-    cut that callback's history) and the dump holds what it records. Written against torch's
-    `_record_memory_history(enabled, context, stacks, max_entries)`; not run on a GPU yet.
+    cut that callback's history) and the dump holds what it records.
     """
 
     def __init__(self, max_entries: int, shared: bool) -> None:
         self._max_entries = max_entries
         self._shared = shared
         if not shared:
-            torch.cuda.memory._record_memory_history(
-                enabled="all", context="all", stacks="python", max_entries=max_entries
-            )
+            record_memory_history(max_entries, python_stacks_only=True)
 
     def dump(self, path: Path, trigger: str) -> SnapshotDump:
         try:
@@ -94,7 +90,7 @@ class WindowSnapshot:
     def stop(self) -> None:
         if not self._shared:
             self._shared = True  # stops once
-            torch.cuda.memory._record_memory_history(enabled=None)
+            stop_memory_history()
 
 
 class MemorySnapshotCallback(ProfilerCallback):
@@ -120,13 +116,13 @@ class MemorySnapshotCallback(ProfilerCallback):
     def _start_recording(self) -> None:
         """Start with an empty history: switching recording off clears it in every torch version."""
         self._stop_recording()
-        torch.cuda.memory._record_memory_history(enabled="all", max_entries=self.config.memory_snapshot.max_entries)
+        record_memory_history(self.config.memory_snapshot.max_entries)
         self.recording = True
 
     def _stop_recording(self) -> None:
         if self.recording:
             self.recording = False
-            torch.cuda.memory._record_memory_history(enabled=None)
+            stop_memory_history()
 
     def _dump_window(self) -> None:
         first, last = self.window_start, self.batches_seen - 1

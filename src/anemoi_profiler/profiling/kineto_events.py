@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .torch_private import kineto_events_have_activity_type
 from .trace_stream import read_window_events
 from .window_events import (
     CPU_OP,
@@ -86,14 +87,12 @@ def window_events_from_kineto(results: Any) -> WindowEvents:
 
 
 def reads_in_process() -> bool:
-    """Whether this torch tells Python each event's activity type (`_KinetoEvent.activity_type`, torch >= 2.12).
+    """Whether this torch tells Python each event's activity type (`torch_private.KINETO_ACTIVITY_TYPE_FROM`).
 
     Before, the window is read from the Chrome trace kineto saves, which a window's results do only once: the
     trace written for the run folder where there is one (see `WindowSummaries.submit`), else a temporary file.
     """
-    from torch._C._autograd import _KinetoEvent
-
-    return hasattr(_KinetoEvent, "activity_type")
+    return kineto_events_have_activity_type()
 
 
 def window_events_from_saved(results: Any) -> WindowEvents:

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from ..config_sections import TorchProfilerConfig
 from .schedule import WindowSchedule
+from .torch_private import cuda_sync_events_config
 from .traces import RANK_INFO_KEY
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def profiler_arguments(options: TorchProfilerConfig, device: torch.device) -> di
     }
     if cuda and options.sync_events:
         # CUDA synchronization events: HTA's critical-path analysis needs them.
-        arguments["experimental_config"] = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        arguments["experimental_config"] = cuda_sync_events_config()
     return arguments
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .kineto_events import reads_in_process, window_events_from_kineto, window_events_from_saved
+from .torch_private import kineto_results
 from .trace_stream import read_window_events
 from .window_summary import WindowSummary, summarize
 
@@ -37,16 +38,16 @@ class WindowSummaries:
         self.in_process = reads_in_process()
 
     def submit(self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None) -> None:
-        """Summarise `results` (torch's `_ProfilerResult` of the window) in the background.
+        """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background.
 
         `trace`: the window's trace file being written (its path, None if it was not), which a torch that
         cannot read the events in process reads instead (kineto saves a window only once).
         """
         names_path = self._names_path((stage, window)) if self._names_path is not None else None
         if self.in_process:
-            future = self._executor.submit(_summarize_in_process, results.kineto_results, names_path)
+            future = self._executor.submit(_summarize_in_process, kineto_results(results), names_path)
         else:
-            future = self._executor.submit(_summarize_saved, results.kineto_results, trace, names_path)
+            future = self._executor.submit(_summarize_saved, kineto_results(results), trace, names_path)
         self._pending[(stage, window)] = future
 
     def ready(self) -> list[WindowKey]:

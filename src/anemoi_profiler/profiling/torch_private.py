@@ -1,0 +1,62 @@
+"""Every private or recent torch name the profiler relies on, here alone, with the versions it holds in.
+
+torch has no public way to read a profiling window's events without writing a trace, to ask CUDA's profiler for
+synchronization events (HTA's critical path needs them), or to record and dump the caching allocator's history
+(what pytorch.org/memory_viz opens). The profiler reaches them through the functions below; the supported range
+is torch 2.4 to the newest. tests/test_torch_private.py checks each against the installed torch, on every stack of
+the version matrix (ci/matrix), so that a name that moves fails there rather than in a user's run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+KINETO_ACTIVITY_TYPE_FROM = (2, 12)
+"""`torch._C._autograd._KinetoEvent.activity_type`, each event's kineto category (`kernel`, `cpu_op`, ...), exists
+from torch 2.12: before it, a window is read from the Chrome trace kineto saves."""
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor, *_ = torch.__version__.split(".")
+    return int(major), int(minor)
+
+
+def kineto_events_have_activity_type() -> bool:
+    """Whether this torch tells Python each event's category (`_KinetoEvent.activity_type`)."""
+    from torch._C._autograd import _KinetoEvent
+
+    return hasattr(_KinetoEvent, "activity_type")
+
+
+def kineto_results(profiler: Any) -> Any:
+    """A finished window's `_ProfilerResult`, from `torch.profiler.profile(...).profiler` (`.events()`: a list of
+    `_KinetoEvent` with `start_ns`, `duration_ns`, `name`, `correlation_id`, `device_resource_id`; `.save(path)`:
+    its Chrome trace)."""
+    return profiler.kineto_results
+
+
+def cuda_sync_events_config() -> Any:
+    """`experimental_config` for `torch.profiler.profile` that records CUDA synchronization events (torch >= 2.2)."""
+    return torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+
+
+def record_memory_history(max_entries: int, python_stacks_only: bool = False) -> None:
+    """Start recording the CUDA caching allocator's history, at most `max_entries` events
+    (`torch.cuda.memory._record_memory_history`, string `enabled` since torch 2.1); stack traces of Python only
+    when `python_stacks_only` (cheaper), else Python and C++."""
+    if python_stacks_only:
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
+    else:
+        torch.cuda.memory._record_memory_history(enabled="all", max_entries=max_entries)
+
+
+def stop_memory_history() -> None:
+    """Stop recording (which also clears the history, in every supported torch)."""
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def memory_snapshot() -> dict[str, Any]:
+    """The allocator's state and recorded history as the dict `torch.cuda.memory._dump_snapshot` pickles."""
+    return torch.cuda.memory._snapshot()
