@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export MLFLOW_DISABLE_TELEMETRY := true
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test lint docs clean anemoi-e2e
+.PHONY: demo test lint docs clean anemoi-e2e matrix
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
 	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The version matrix (docs/versions.md): the tests marked `stack` on the declared floor (Python 3.10, torch 2.4,
+# Lightning 2.2, MLflow 2.16) and on anemoi-training's own install (torch 2.10). Cached environments, not .venv.
+matrix:
+	bash ci/matrix/run.sh
 
 # A real `anemoi-training train` with the profiler, checked in anemoi's MLflow run (docs/anemoi.md). Its environment
 # is built by ci/anemoi/setup.sh once, then cached under ~/.cache/anemoi-profiler; it does not use .venv.

@@ -7,13 +7,21 @@ import json
 from pathlib import Path
 
 import pytest
+from lightning.pytorch import strategies
 
 from tests.helpers.jobs import EXAMPLES, example, only_run, only_run_folder, run_ok, trace_ranks
 
 EXAMPLE = EXAMPLES / "model_parallel_train.py"
 FAST = ["--max-steps=16", "log_every_n_steps=4", "throughput.warmup_steps=2", "report.console=false"]
 PEAK = "throughput.device_peak_flops=1e12"  # CPU has no known peak: MFU only with one given
-pytestmark = [pytest.mark.slow, pytest.mark.stack]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.stack,
+    pytest.mark.skipif(
+        not hasattr(strategies, "ModelParallelStrategy"),
+        reason="ModelParallelStrategy (FSDP2, tensor parallelism) arrived in Lightning 2.4",
+    ),
+]
 
 
 def job(tmp_path: Path, *args: str) -> Path:
