@@ -148,10 +148,18 @@ def test_a_logger_without_its_private_attributes_still_names_its_store(
     )
     assert logger.experiment is not None  # Lightning made its client
     del logger._tracking_uri, logger._prefix
-    with caplog.at_level(logging.WARNING, logger=lightning_private.__name__):
-        for _ in range(2):
-            assert lightning_private.mlflow_logger_tracking_uri(logger) == uri
-            assert lightning_private.mlflow_logger_prefix(logger) == ""
+    # MLflow 2.x's sqlite store set-up (alembic's logging config) takes pytest's handler off the root logger: then
+    # on the module's own logger.
+    module_log = logging.getLogger(lightning_private.__name__)
+    if caplog.handler not in logging.getLogger().handlers:
+        module_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=lightning_private.__name__):
+            for _ in range(2):
+                assert lightning_private.mlflow_logger_tracking_uri(logger) == uri
+                assert lightning_private.mlflow_logger_prefix(logger) == ""
+    finally:
+        module_log.removeHandler(caplog.handler)
     assert [record.getMessage().split(",")[0] for record in ours(caplog)] == [
         "anemoi-profiler: this Lightning has no MLFlowLogger._tracking_uri",
         "anemoi-profiler: this Lightning has no MLFlowLogger._prefix",

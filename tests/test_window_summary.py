@@ -13,6 +13,7 @@ import pytest
 from anemoi_profiler.analysis.preflight import trace_rank
 from anemoi_profiler.profiling import trace_stream
 from anemoi_profiler.profiling.kernel_kinds import RULE_NAMES, classify_device
+from anemoi_profiler.profiling.torch_private import kineto_events_have_activity_type
 from anemoi_profiler.profiling.trace_stream import TraceReadError, read_window_events
 from anemoi_profiler.profiling.window_events import DEVICE, HOST, LAUNCH, STEP, WindowEventsBuilder
 from anemoi_profiler.profiling.window_summary import (
@@ -183,6 +184,10 @@ def test_a_trace_cut_short_or_not_a_trace_is_named(tmp_path: Path) -> None:
     assert trace_rank(cut) == 3
 
 
+@pytest.mark.skipif(
+    not kineto_events_have_activity_type(),
+    reason="torch < 2.12 tells no event's activity type: windows are read from the trace kineto saves (next test)",
+)
 def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path: Path) -> None:
     """The in-process path (kineto's results, no file) and `summarize`'s path (the exported trace) agree."""
     import torch
@@ -204,7 +209,8 @@ def test_torchs_own_events_give_the_figures_of_the_trace_torch_exports(tmp_path:
 
 
 def test_the_window_kineto_saves_gives_the_figures_of_the_in_process_read() -> None:
-    """torch < 2.12 has no `_KinetoEvent.activity_type`: there the window is read from the trace kineto saves."""
+    """torch < 2.12 has no `_KinetoEvent.activity_type`: there the window is read from the trace kineto saves (once
+    per window: on such a torch this read is the only one), and agrees with the in-process read where both exist."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -214,9 +220,13 @@ def test_the_window_kineto_saves_gives_the_figures_of_the_in_process_read() -> N
         for step in range(3):
             with record_function(f"ProfilerStep#{step}"):
                 torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()
-    in_process = summarize(window_events_from_kineto(prof.profiler.kineto_results))
     saved = summarize(window_events_from_saved(prof.profiler.kineto_results))
-    assert saved.values["steps"] == in_process.values["steps"] == 3
+    assert saved.values["steps"] == 3
+    assert 0 < saved.values["host_busy_pct"] <= 100
+    if not kineto_events_have_activity_type():
+        return
+    in_process = summarize(window_events_from_kineto(prof.profiler.kineto_results))
+    assert saved.values["steps"] == in_process.values["steps"]
     # The trace keeps times to the microsecond's fraction kineto writes: this 0.2 ms window once moved by 0.3 us.
     assert saved.values["window_ms"] == pytest.approx(in_process.values["window_ms"], abs=1e-3)
     assert saved.values["host_busy_pct"] == pytest.approx(in_process.values["host_busy_pct"], abs=0.5)

@@ -15,11 +15,7 @@ from ..config import ConfigSource, ProfilerConfig
 from ..report import ReportSection
 from ..run.session import ProfilerSession
 from ..tracking.startup import skip_unused_hooks
-
-try:  # both namespaces call hooks by name, so one base class serves both trainers
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # pragma: no cover - only pytorch_lightning installed
-    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # checked against lightning's
+from .lightning_callback import Callback
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -18,6 +18,11 @@ KINETO_ACTIVITY_TYPE_FROM = (2, 12)
 from torch 2.12: before it, a window is read from the Chrome trace kineto saves."""
 
 
+CYCLES_SHARE_ONE_PROFILER = ((2, 4), (2, 4))
+"""torch 2.4 keeps one `torch.profiler.profile(...).profiler` through a schedule's cycles and appends each cycle's
+function events to it (pytorch#125510); torch 2.5 gives each cycle its own again (`acc_events=False`, #133095)."""
+
+
 def torch_version() -> tuple[int, int]:
     major, minor, *_ = torch.__version__.split(".")
     return int(major), int(minor)
@@ -35,6 +40,24 @@ def kineto_results(profiler: Any) -> Any:
     `_KinetoEvent` with `start_ns`, `duration_ns`, `name`, `correlation_id`, `device_resource_id`; `.save(path)`:
     its Chrome trace)."""
     return profiler.kineto_results
+
+
+def cycles_share_one_profiler() -> bool:
+    """Whether a window's `profiler` object also holds the events of the windows before it (torch 2.4)."""
+    first, last = CYCLES_SHARE_ONE_PROFILER
+    return first <= torch_version() <= last
+
+
+def window_key_averages(profiler: Any, events: tuple[int, int] | None = None) -> Any:
+    """`key_averages()` of a finished window: of its function events `events` (first, end) where cycles share one
+    profiler object (the others are other windows'), else of all of them."""
+    if events is None:
+        return profiler.key_averages()
+    from torch.autograd.profiler_util import EventList
+
+    window = EventList(profiler.function_events[slice(*events)])
+    window._tree_built = True  # a slice of a list whose tree torch built: the events keep their parents
+    return window.key_averages()
 
 
 def cuda_sync_events_config() -> Any:

@@ -24,6 +24,7 @@ from .durations import DurationStats
 from .op_tables import WindowOperators, operator_stats
 from .recorder import WindowRecorder, effective_options, uses_cuda
 from .schedule import WindowSchedule
+from .torch_private import cycles_share_one_profiler, window_key_averages
 from .traces import TraceWriter, rank_info
 from .window_summaries import WindowSummaries
 
@@ -49,7 +50,9 @@ class ProfilingWindows:
         )
         self.durations = DurationStats()
         self._tables: list[WindowOperators] = []
-        self._unparsed: list[tuple[str, int, int, Any]] = []  # (stage, window, steps, torch's results)
+        # (stage, window, steps, torch's results, on torch 2.4 the window's events among them: first, end)
+        self._unparsed: list[tuple[str, int, int, Any, tuple[int, int] | None]] = []
+        self._events_before: dict[int, int] = {}  # on torch 2.4: events an object held before its latest window
         self.completed: Counter[str] = Counter()
         self.timeline_path = timeline_path(run_dir, rank)
         self.timeline_seconds: float | None = None
@@ -90,7 +93,12 @@ class ProfilingWindows:
         if self.summaries is not None:
             self.summaries.submit(stage, window, prof.profiler, trace)
         if self.options.time_report or self.options.memory_report:
-            self._unparsed.append((stage, window, steps, prof.profiler))  # the next window gets a new one
+            events = None
+            if cycles_share_one_profiler():  # torch 2.4 parsed the window's events at its end: counting is free
+                end = len(prof.profiler.function_events)
+                events = (self._events_before.get(id(prof.profiler), 0), end)
+                self._events_before[id(prof.profiler)] = end
+            self._unparsed.append((stage, window, steps, prof.profiler, events))
             if len(self._unparsed) > MAX_UNPARSED_WINDOWS:
                 self._parse_oldest()
         if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
@@ -105,8 +113,9 @@ class ProfilingWindows:
         return self._tables
 
     def _parse_oldest(self) -> None:
-        stage, window, steps, results = self._unparsed.pop(0)
-        self._tables.append(WindowOperators(stage, window, steps, operator_stats(results.key_averages())))
+        stage, window, steps, results, events = self._unparsed.pop(0)
+        averages = window_key_averages(results, events)
+        self._tables.append(WindowOperators(stage, window, steps, operator_stats(averages)))
 
     def flush(self) -> None:
         if self.traces is not None:
