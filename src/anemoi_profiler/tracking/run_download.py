@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,15 +57,19 @@ def download_run(run_id: str, tracking_uri: str, dst: Path, traces: bool = False
 
 
 def _download(run_id: str, tracking_uri: str, name: str, dst: Path) -> None:
+    """Download `profiler/<name>` to `dst/<name>`. MLflow 2.x lays a download out under the artifact's whole path,
+    3.x under its last part: the path MLflow returns says where, on either, and the file or folder moves from there."""
     import mlflow
 
-    artifact, folder = f"{ARTIFACT_ROOT}/{name}", (dst / name).parent
-    folder.mkdir(parents=True, exist_ok=True)
+    artifact, target = f"{ARTIFACT_ROOT}/{name}", dst / name
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with _without_progress_bars():
-            mlflow.artifacts.download_artifacts(
-                run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=str(folder)
+        with _without_progress_bars(), tempfile.TemporaryDirectory(dir=target.parent) as folder:
+            downloaded = mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=artifact, tracking_uri=tracking_uri, dst_path=folder
             )
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.move(downloaded, target)
     except Exception as error:
         message = f"could not download {artifact} of MLflow run {run_id!r} from {tracking_uri}: {_first_line(error)}"
         raise RunDownloadError(message) from None
