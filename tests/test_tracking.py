@@ -162,6 +162,7 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         fit.fit(TinyRegressor(step_sleep_s=0.1), train)
         assert fit.global_step == 30
 
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # MLflow 2.x lists proxied artifacts through it
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
         assert run.info.status == "FINISHED"

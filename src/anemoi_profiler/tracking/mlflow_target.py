@@ -10,7 +10,13 @@ from typing import Any
 
 from ..redaction import REDACTED, redact_text, redact_uri
 from ..triggers.requests import REQUEST_TAG, relay_tag
-from .mlflow_versions import EXPERIMENT_KIND_TAG, MAX_TAG_VALUE_CHARS, sqlite_store_problem
+from .mlflow_versions import (
+    EXPERIMENT_KIND_TAG,
+    MAX_TAG_VALUE_CHARS,
+    PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE,
+    mlflow_version,
+    sqlite_store_problem,
+)
 from .records import Batch
 from .spool import read_run_info, write_run_info
 from .uris import artifact_location_for
@@ -75,9 +81,13 @@ class MlflowTarget:
         if self._client is None:
             if self.tracking_uri.startswith("sqlite:") and (problem := sqlite_store_problem()):
                 raise RuntimeError(problem)
+            import mlflow
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            version = mlflow_version()
+            if version is not None and version < PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE:
+                mlflow.set_tracking_uri(self.tracking_uri)  # in the sender's or the CLI's process, never training's
         return self._client
 
     def ensure_run(self) -> str:

@@ -30,6 +30,13 @@ SQLALCHEMY_WITHOUT_MLFLOW_2_POOL = (2, 1)
 and SQLAlchemy >= 2.1 no sqlite store opens (`sqlite_store_problem`)."""
 
 
+PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE = (3, 0)
+"""MLflow 2.x uploads to a server's proxied artifact store (`mlflow-artifacts:`, `--artifacts-destination`)
+through the process-global tracking URI, not the client's: with the default `file:` one it refuses ("tracking uri
+scheme: 'file' is invalid for use with the proxy mlflow-artifact scheme"). The sender process, which is MLflow's only
+user in its own process, sets the global URI to its target's there (`MlflowTarget.client`)."""
+
+
 def installed_version(distribution: str) -> tuple[int, int] | None:
     """(major, minor) of an installed distribution, None when it is not installed."""
     try:
