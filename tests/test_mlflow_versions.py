@@ -91,3 +91,13 @@ def test_mlflow_2_with_sqlalchemy_2_1_is_a_clear_error_naming_the_fix(tmp_path: 
     assert "pip install 'sqlalchemy<2.1'" in output
     assert "Traceback" not in output
     assert "MLflow run None" not in output and "mlflow ui" not in output
+
+
+def test_the_sqlite_store_makes_mlruns_in_the_working_folder_where_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment_id(MlflowClient(uri), uri, "e")
+    made = (tmp_path / "mlruns").exists()
+    assert made == (mlflow_versions.mlflow_version() < mlflow_versions.SQLITE_STORE_MAKES_MLRUNS_BEFORE)

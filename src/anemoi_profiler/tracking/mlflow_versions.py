@@ -30,11 +30,16 @@ SQLALCHEMY_WITHOUT_MLFLOW_2_POOL = (2, 1)
 and SQLAlchemy >= 2.1 no sqlite store opens (`sqlite_store_problem`)."""
 
 
+SQLITE_STORE_MAKES_MLRUNS_BEFORE = (3, 0)
+"""MLflow 2.x's sqlite store makes its default artifact root, an empty `./mlruns` in the working folder, whenever a
+client opens it (the user's MLFlowLogger included; seen with 2.16, not with 3.17); the profiler's artifacts still go
+beside the database."""
+
 PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE = (3, 0)
-"""MLflow 2.x uploads to a server's proxied artifact store (`mlflow-artifacts:`, `--artifacts-destination`)
-through the process-global tracking URI, not the client's: with the default `file:` one it refuses ("tracking uri
-scheme: 'file' is invalid for use with the proxy mlflow-artifact scheme"). The sender process, which is MLflow's only
-user in its own process, sets the global URI to its target's there (`MlflowTarget.client`)."""
+"""MLflow 2.x uploads to a server's proxied artifact store (`mlflow-artifacts:`, `--artifacts-destination`) through
+the process-global tracking URI, not the client's, and refuses with the default `file:` one ("tracking uri scheme:
+'file' is invalid for use with the proxy mlflow-artifact scheme"; seen with 2.16, not with 3.17). The sender process,
+MLflow's only user in its process, sets the global URI to its target's there (`MlflowTarget.client`)."""
 
 
 def installed_version(distribution: str) -> tuple[int, int] | None:
