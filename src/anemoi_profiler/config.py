@@ -29,6 +29,7 @@ from .config_sections import (
     HtaConfig,
     MemorySnapshotConfig,
     ModelSummaryConfig,
+    PostmortemConfig,
     ReportConfig,
     SystemConfig,
     ThroughputConfig,
@@ -70,6 +71,7 @@ class ProfilerConfig:
     distributed: DistributedConfig = _opt(DistributedConfig, DistributedConfig.__doc__)
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
     triggers: TriggersConfig = _opt(TriggersConfig, TriggersConfig.__doc__)
+    postmortem: PostmortemConfig = _opt(PostmortemConfig, PostmortemConfig.__doc__)
 
     @classmethod
     def load(cls, source: ConfigSource | None = None, overrides: Iterable[str] = ()) -> ProfilerConfig:
@@ -160,6 +162,11 @@ class ProfilerConfig:
         counting_ok = self.distributed.item_counting in ITEM_COUNTING
         checks.append(("distributed.item_counting", counting_ok, " or ".join(repr(c) for c in ITEM_COUNTING)))
         checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
+        stall_after_s = self.postmortem.stall_after_s
+        stall_ok = stall_after_s == "auto" or (isinstance(stall_after_s, int | float) and stall_after_s > 0)
+        checks.append(("postmortem.stall_after_s", stall_ok, "'auto' or a number of seconds > 0"))
+        entries_ok = self.postmortem.memory_history_entries > 0
+        checks.append(("postmortem.memory_history_entries", entries_ok, "an integer > 0"))
         checks += _trigger_checks(self.triggers)
         for key, ok, allowed in checks:
             if not ok:
