@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..layout import POSTMORTEM_DIR
+from ..layout import POSTMORTEM_DIR, stall_part_path
 from .outcome import Severity, Verdict
 from .run_data import RunData
 
@@ -51,6 +51,7 @@ def merge_stall(parts: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     ranks = [{key: value for key, value in part.items() if key != "threads"} for part in parts]
     merged = {
         "episode": parts[0]["episode"] if parts else None,
+        "parts": f"{POSTMORTEM_DIR}/stall_<k>/rank<r>.json",
         "world_size": world_size,
         "last_step": min(steps) if steps else None,
         "ranks": ranks,
@@ -73,7 +74,7 @@ def stall_summary(merged: dict[str, Any]) -> str:
     """`stalled after step 12: rank 1 in forward (training_step) at training_step (train.py:42); rank 0 waiting
     in gradient all-reduce`."""
     by_rank = {part["rank"]: part for part in merged["ranks"]}
-    said = [f"stalled after step {merged['last_step']}"]
+    said: list[str] = []
     for rank in merged["holding_ranks"]:
         part = by_rank.get(rank)
         if part is None:
@@ -86,10 +87,32 @@ def stall_summary(merged: dict[str, Any]) -> str:
         said.append(f"rank{'s' if len(merged['waiting_ranks']) > 1 else ''} {ranks} waiting in {' / '.join(phases)}")
     if not merged["holding_ranks"] and not merged["waiting_ranks"]:
         said += [f"rank {part['rank']} in {part['phase']} at {part['frame']}" for part in merged["ranks"]]
-    return "; ".join(said)
+    return f"stalled after step {merged['last_step']}: " + "; ".join(said)
 
 
 # ---- reading a run folder ----
+def read_parts(folder: Path, episode: int) -> list[dict[str, Any]]:
+    """The ranks' parts of stall `episode` (a part being written, or cut by a kill, is left out)."""
+    parts = []
+    for path in sorted(stall_part_path(Path(folder), episode, 0).parent.glob("rank*.json")):
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return parts
+
+
+def read_stalls(folder: Path) -> list[dict[str, Any]]:
+    """Every stall of the run, merged again from the parts: a rank may have added its part's end after the
+    last merge."""
+    stalls = []
+    for record in read_records(folder, "stall_*.json"):
+        parts = read_parts(folder, record["episode"])
+        merged = merge_stall(parts, record["world_size"]) if parts else record
+        stalls.append({**merged, "file": record["file"]})
+    return stalls
+
+
 def read_records(folder: Path, pattern: str) -> list[dict[str, Any]]:
     records = []
     for path in sorted((Path(folder) / POSTMORTEM_DIR).glob(pattern)):
@@ -168,7 +191,7 @@ def _host_figures(record: dict[str, Any]) -> str:
 
 
 def stalls(run: RunData) -> Verdict | None:
-    records = read_records(run.folder, "stall_*.json")
+    records = read_stalls(run.folder)
     if not records:
         return None
     longest = max(records, key=lambda record: record.get("stalled_for_s") or 0.0)

@@ -23,13 +23,13 @@ import torch
 
 from ...config_sections import PostmortemConfig
 from ...layout import flight_recorder_prefix, signal_path
-from ...reports.postmortem import OUT_OF_MEMORY, SIGNAL, STALL, TAG, kinds
+from ...reports.postmortem import OUT_OF_MEMORY, SIGNAL, STALL, TAG, kinds, read_stalls
 from ...tracking.sink import TrackingSink
 from .. import trainer_info
 from . import oom
 from .signals import SignalRecorder
 from .stacks import describe, frames_of, phase_of, thread_stacks, user_frame
-from .watchdog import Progress, StallWatchdog, write_json
+from .watchdog import Progress, StallWatchdog, merge_episode, write_json
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,13 @@ class PostmortemRecorder:
         return {"stopped": f"by {self.stopped_by}"} if self.stopped_by else {}
 
     def tag_run(self, sink: TrackingSink) -> None:
-        """Rank 0 at the end: the tag for every kind of record in postmortem/, any rank's."""
-        if self.run_dir is not None and (found := kinds(self.run_dir)):
+        """Rank 0 at the end, when every rank has written its files: each stall merged once more (a rank may have
+        added its part's end after the last merge), and the tag for every kind of record in postmortem/."""
+        if self.run_dir is None:
+            return
+        for stall in read_stalls(self.run_dir):
+            merge_episode(self.run_dir, stall["episode"], stall["world_size"])
+        if found := kinds(self.run_dir):
             sink.set_tags({TAG: ",".join(found)})
 
     # ---- what happened ----

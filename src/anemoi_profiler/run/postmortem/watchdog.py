@@ -22,8 +22,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from ...layout import POSTMORTEM_DIR, stall_part_path, stall_path
-from ...reports.postmortem import GRADIENT_ALL_REDUCE, merge_stall
+from ...layout import stall_part_path, stall_path
+from ...reports.postmortem import GRADIENT_ALL_REDUCE, merge_stall, read_parts
 from .stacks import BACKWARD, describe, phase_of, thread_stacks, user_frame
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,10 @@ class StallWatchdog:
         self.dump_flight_recorder = dump_flight_recorder
         self.training_thread = threading.get_ident()  # made on the training thread, when training starts
         self.episodes = 0
+        self._part: dict[str, Any] | None = None
+        """This rank's part of the stall going on."""
+        self._merged_parts = 0
+        self._seen, self._since = 0, time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="anemoi-profiler-watchdog", daemon=True)
 
@@ -79,8 +83,11 @@ class StallWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        """At the end of training: a stall that ended since the last wake gets its length."""
         self._stop.set()
         self._thread.join(timeout=5.0)
+        if not self._thread.is_alive() and self._part is not None:
+            self._tick()
 
     def threshold_s(self) -> float:
         if self.stall_after_s != "auto":
@@ -95,29 +102,31 @@ class StallWatchdog:
             log.warning("anemoi-profiler: the stall watchdog stopped: %s: %s", type(error).__name__, error)
 
     def _watch(self) -> None:
-        seen, since = self.progress.finished(), time.monotonic()
-        part: dict[str, Any] | None = None
-        merged_parts = 0
+        self._seen, self._since = self.progress.finished(), time.monotonic()
         while not self._stop.wait(WAKE_S):
-            finished, now = self.progress.finished(), time.monotonic()
-            if finished != seen:
-                if part is not None:
-                    part["resumed_after_s"] = now - since
-                    self._write_part(part)
-                    self._merge(part["episode"])
-                    part = None
-                seen, since = finished, now
-                continue
-            if part is None and now - since >= self.threshold_s():
-                self.episodes += 1
-                part = self._record(self.episodes, now - since)
+            self._tick()
+
+    def _tick(self) -> None:
+        finished, now = self.progress.finished(), time.monotonic()
+        part = self._part
+        if finished != self._seen:
+            if part is not None:  # the run moved on: how long it stood still stays in the record
+                part["resumed_after_s"] = now - self._since
                 self._write_part(part)
-                merged_parts = 0
-            if part is not None:
-                found = len(list(stall_part_path(self.run_dir, part["episode"], 0).parent.glob("rank*.json")))
-                if found != merged_parts:  # a new part in: merge again (the last rank in completes the file)
-                    merged_parts = found
-                    self.on_stall(self._merge(part["episode"]))
+                self._merge(part["episode"])
+                self._part = None
+            self._seen, self._since = finished, now
+            return
+        if part is None and now - self._since >= self.threshold_s():
+            self.episodes += 1
+            part = self._part = self._record(self.episodes, now - self._since)
+            self._write_part(part)
+            self._merged_parts = 0
+        if part is not None:
+            found = len(list(stall_part_path(self.run_dir, part["episode"], 0).parent.glob("rank*.json")))
+            if found != self._merged_parts:  # a new part in: merge again (the last rank in completes the file)
+                self._merged_parts = found
+                self.on_stall(self._merge(part["episode"]))
 
     def _record(self, episode: int, stalled_for_s: float) -> dict[str, Any]:
         threads = thread_stacks()
@@ -160,17 +169,14 @@ class StallWatchdog:
         write_json(stall_part_path(self.run_dir, part["episode"], self.rank), part)
 
     def _merge(self, episode: int) -> dict[str, Any]:
-        folder = stall_part_path(self.run_dir, episode, 0).parent
-        parts = []
-        for path in sorted(folder.glob("rank*.json")):
-            try:
-                parts.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue  # being written by its rank: the next wake reads it
-        merged = merge_stall(parts, self.world_size)
-        merged["parts"] = f"{POSTMORTEM_DIR}/{folder.name}/rank<r>.json"
-        write_json(stall_path(self.run_dir, episode), merged)
-        return merged
+        return merge_episode(self.run_dir, episode, self.world_size)
+
+
+def merge_episode(run_dir: Path, episode: int, world_size: int) -> dict[str, Any]:
+    """`stall_<k>.json` from the parts the ranks have written so far."""
+    merged = merge_stall(read_parts(run_dir, episode), world_size)
+    write_json(stall_path(run_dir, episode), merged)
+    return merged
 
 
 def write_json(path: Path, value: Any) -> None:
