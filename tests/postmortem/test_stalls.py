@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from mlflow.tracking import MlflowClient
 
-from tests.helpers.jobs import only_run, only_run_folder, run_jobs
+from anemoi_profiler.cli.main import main
+from tests.helpers.jobs import JOB_TIMEOUT_S, finish_job, only_run, only_run_folder, run_jobs, start_job
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "stalling_job.py"
@@ -18,12 +24,93 @@ REPO = HERE.parents[1]
 HELD_AT_STEP = 6
 
 
+def held_job(tmp_path: Path, held_s: float) -> Any:
+    command = [sys.executable, str(JOB), str(tmp_path / "runs"), "1", str(HELD_AT_STEP), str(held_s)]
+    overrides = ["postmortem.stall_after_s=3", "tracking.flush_interval_s=0.5"]
+    return start_job([*command, *overrides], tmp_path, {"PYTHONPATH": pythonpath()})
+
+
+def pythonpath() -> str:
+    return os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+
+
+def wait_for(condition: Callable[[], Any], job: Any, what: str) -> Any:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline and job.poll() is None:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.5)
+    os.killpg(job.pid, signal.SIGKILL)
+    pytest.fail(f"never {what}; the job's output ends with:\n{job.communicate()[0][-6000:]}")
+
+
+def merged_stall(output_dir: Path) -> dict[str, Any] | None:
+    """`stall_1.json` once it has both ranks."""
+    for path in output_dir.glob("*/postmortem/stall_1.json"):
+        stall = json.loads(path.read_text())
+        if len(stall["ranks"]) == 2:
+            return stall
+    return None
+
+
+def stall_tag(tracking_uri: str) -> Any:
+    """The job's MLflow run once it carries the stall's tag."""
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return next((run for run in runs if run.data.tags.get("profiler.postmortem") == "stall"), None)
+
+
+@pytest.mark.slow
+def test_a_hung_job_says_where_in_mlflow_while_it_hangs_and_its_folder_after_a_kill(
+    tmp_path: Path, new_store: Callable[[Path], str]
+) -> None:
+    store = new_store(tmp_path / "runs" / "mlflow.db")  # migrated before the job and the test read it together
+    job = held_job(tmp_path, held_s=600)
+    wait_for(lambda: merged_stall(tmp_path / "runs"), job, "a stall record of both ranks")
+    run = wait_for(lambda: stall_tag(store), job, "the stall's tag on the MLflow run")
+    description = run.data.tags["mlflow.note.content"]
+    assert f"stalled after step {HELD_AT_STEP}: rank 1 in forward (training\\_step)" in description
+    assert run.info.status == "RUNNING"
+    os.killpg(job.pid, signal.SIGKILL)  # as a scheduler does at the time limit
+    job.communicate()
+
+    folder = only_run_folder(tmp_path / "runs")
+    assert not (folder / "report.json").exists()
+    assert main(["report", str(folder)]) == 0
+    report = json.loads((folder / "report.json").read_text())
+    assert report["header"]["status"] == "ended before its report: its processes were killed"
+    first = report["sections"]["Diagnosis"]["data"]["verdicts"][0]
+    assert first["id"] == "stall" and first["severity"] == "high"
+    assert "rank 1 in forward (training_step) at held_here" in first["value"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_during_a_stall_ends_the_job_with_the_stall_in_its_report(
+    tmp_path: Path, new_store: Callable[[Path], str]
+) -> None:
+    store = new_store(tmp_path / "runs" / "mlflow.db")
+    job = held_job(tmp_path, held_s=600)
+    stall = wait_for(lambda: merged_stall(tmp_path / "runs"), job, "a stall record of both ranks")
+    wait_for(lambda: stall_tag(store), job, "the stall's tag on the MLflow run")
+    held = next(part for part in stall["ranks"] if part["rank"] == 1)
+    os.kill(held["pid"], signal.SIGKILL)  # the kernel's OOM killer, a node failure
+    returncode, output = finish_job(job, time.monotonic() + JOB_TIMEOUT_S)
+    assert returncode != 0, output[-6000:]
+
+    folder = only_run_folder(tmp_path / "runs")
+    report = json.loads((folder / "report.json").read_text())
+    assert report["header"]["status"] == "FAILED"
+    first = report["sections"]["Diagnosis"]["data"]["verdicts"][0]
+    assert first["id"] == "stall" and first["severity"] == "high"
+    assert "rank 1 in forward (training_step) at held_here" in first["value"]
+
+
 @pytest.mark.slow
 def test_a_rank_held_in_its_step_is_named_and_the_other_waits_in_the_all_reduce(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     command = [sys.executable, str(JOB), str(output_dir), "1", str(HELD_AT_STEP), "10", "postmortem.stall_after_s=3"]
-    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    [(returncode, output)] = run_jobs([command], tmp_path, {"PYTHONPATH": pythonpath})
+    [(returncode, output)] = run_jobs([command], tmp_path, {"PYTHONPATH": pythonpath()})
     assert returncode == 0, output[-6000:]
     assert "rank 0: fit returned after 12 steps" in output  # the stall ended and the fit finished normally
 
