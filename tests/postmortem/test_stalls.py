@@ -1,5 +1,6 @@
-"""Stalls: a rank held in its training step while the other waits for it in the gradient all-reduce, in a real
-2-rank gloo DDP fit; the stall record names the held rank, its frame and the waiting one, and the fit finishes."""
+"""Stalls in real fits: a rank held in its training step while the other waits for it in the gradient all-reduce
+(2-rank gloo DDP): the record names the held rank, its frame and the waiting one, MLflow says so while the job
+hangs, and the folder says so after a kill or a rank's death; a DataLoader worker that stops answering."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from torch.utils.data import DataLoader, Dataset
 
+from anemoi_profiler import build_callbacks
 from anemoi_profiler.cli.main import main
+from tests.faults.fault_helpers import quick_config
 from tests.helpers.jobs import JOB_TIMEOUT_S, finish_job, only_run, only_run_folder, run_jobs, start_job
+from tests.helpers.lightning_models import TinyRegressor, trainer
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "stalling_job.py"
@@ -139,3 +145,34 @@ def test_a_rank_held_in_its_step_is_named_and_the_other_waits_in_the_all_reduce(
     assert run.info.status == "FINISHED"
     assert run.data.tags["profiler.postmortem"] == "stall"
     assert "stall" in run.data.tags["profiler.verdict"].split(",")
+
+
+class SlowSample(Dataset):
+    """Sample `slow_at` takes `slow_s` to read, as a file on a filesystem that stopped answering."""
+
+    def __init__(self, size: int, slow_at: int, slow_s: float) -> None:
+        self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
+        self.slow_at, self.slow_s = slow_at, slow_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == self.slow_at:
+            time.sleep(self.slow_s)
+        return self.x[index], self.x[index].sum(dim=0, keepdim=True)
+
+
+@pytest.mark.slow
+def test_a_stall_in_a_dataloader_worker_reads_as_a_data_fetch(tmp_path: Path) -> None:
+    data = DataLoader(SlowSample(16 * 12, slow_at=16 * 6, slow_s=6.0), batch_size=16, num_workers=1)
+    config = quick_config(tmp_path / "runs", "postmortem.stall_after_s=2", "tracking.enabled=false")
+    trainer(build_callbacks(config)).fit(TinyRegressor(), data)
+
+    folder = only_run_folder(tmp_path / "runs")
+    stall = json.loads((folder / "postmortem" / "stall_1.json").read_text())
+    [rank] = stall["ranks"]
+    assert rank["phase"] == "data fetch" and rank["last_step"] == 6
+    assert rank["resumed_after_s"] is not None
+    first = json.loads((folder / "report.json").read_text())["sections"]["Diagnosis"]["data"]["verdicts"][0]
+    assert first["id"] == "stall" and "rank 0 in data fetch" in first["value"]
