@@ -13,7 +13,7 @@
   spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
   postmortem/stall_<k>.json  postmortem/stall_<k>/rank<r>.json     (a stall: all ranks, and each rank's part)
   postmortem/oom_rank<r>.json  postmortem/oom_rank<r>.pickle  postmortem/signal_rank<r>.json
-  postmortem/flight_recorder/rank<r>     (NCCL's Flight Recorder dumps)
+  postmortem/flight_recorder/rank_<r>  postmortem/stall_<k>/flight_recorder/rank_<r>     (Flight Recorder dumps)
 ```
 
 The MLflow run holds the same files under `ARTIFACT_ROOT/`, except the spool. Torch-free: the command line
@@ -134,8 +134,9 @@ def signal_path(run_dir: Path, rank: int) -> Path:
 
 
 def flight_recorder_prefix(run_dir: Path) -> Path:
-    """NCCL's Flight Recorder writes `<prefix><rank>` (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)."""
-    return run_dir / POSTMORTEM_DIR / "flight_recorder" / "rank"
+    """NCCL's Flight Recorder dumps on a timeout to `<prefix><rank>` (TORCH_FR_DUMP_TEMP_FILE), as `torchfrtrace`
+    reads them."""
+    return run_dir / POSTMORTEM_DIR / "flight_recorder" / "rank_"
 
 
 def spool_dir(run_dir: Path, rank: int) -> Path:

@@ -130,6 +130,11 @@ def test_a_rank_held_in_its_step_is_named_and_the_other_waits_in_the_all_reduce(
     assert ranks[0]["phase"] == "backward: gradient all-reduce"
     assert all(part["resumed_after_s"] is not None for part in ranks.values())
     assert stall["summary"].startswith(f"stalled after step {HELD_AT_STEP}: rank 1 in forward (training_step)")
+    if hasattr(torch._C._distributed_c10d, "_dump_fr_trace"):  # torch >= 2.9 records gloo's collectives too
+        assert stall["behind_in_collectives"] == {"default_pg": [1]}  # rank 0 started the all-reduce, rank 1 not
+        assert ranks[0]["last_collectives"]["default_pg"]["collective"] == "gloo:all_reduce"
+        recorder = folder / "postmortem" / "stall_1" / "flight_recorder"
+        assert sorted(path.name for path in recorder.iterdir()) == ["rank_0", "rank_1"]
     for rank in (0, 1):  # every thread's stack, the training thread's with the held frame on rank 1
         part = json.loads((folder / "postmortem" / "stall_1" / f"rank{rank}.json").read_text())
         main = next(thread for thread in part["threads"] if thread["name"] == "MainThread")

@@ -60,9 +60,26 @@ def merge_stall(parts: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
         "waiting_ranks": waiting,
         "stalled_for_s": max((part["stalled_for_s"] for part in parts), default=None),
         "resumed_after_s": _resumed(parts),
+        "behind_in_collectives": _behind(parts),
     }
     merged["summary"] = stall_summary(merged)
     return merged
+
+
+def _behind(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per process group, the ranks whose last collective (Flight Recorder's sequence number) is behind the
+    others': the ones the others wait for in it."""
+    seqs: dict[str, dict[int, int]] = {}
+    for part in parts:
+        for group, last in (part.get("last_collectives") or {}).items():
+            if isinstance(last.get("seq"), int):
+                seqs.setdefault(group, {})[part["rank"]] = last["seq"]
+    behind = {}
+    for group, by_rank in seqs.items():
+        ahead = max(by_rank.values())
+        if late := [rank for rank, seq in sorted(by_rank.items()) if seq < ahead]:
+            behind[group] = late
+    return behind
 
 
 def _resumed(parts: list[dict[str, Any]]) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -35,7 +36,11 @@ log = logging.getLogger(__name__)
 
 HEADING = "**anemoi-profiler: post-mortem**"
 FLIGHT_RECORDER_ENTRIES = "2000"
-"""NCCL Flight Recorder entries kept when the user has not chosen (torch's documented example value)."""
+"""Flight Recorder entries kept when the user has not chosen (torch's documented example value)."""
+_NEW_RECORDER = torch.distributed.is_available() and hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
+BUFFER_ENV = "TORCH_FR_BUFFER_SIZE" if _NEW_RECORDER else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+"""The recorder's size: torch >= 2.9 reads TORCH_FR_*, for every backend, and warns about the TORCH_NCCL_* names."""
+DUMP_FILE_ENV = "TORCH_FR_DUMP_TEMP_FILE" if _NEW_RECORDER else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 
 class PostmortemRecorder:
@@ -66,8 +71,10 @@ class PostmortemRecorder:
         self._kinds = []
         if not self.config.enabled:
             return
-        if self.config.flight_recorder and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
-            os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(flight_recorder_prefix(run_dir))
+        if self.config.flight_recorder and DUMP_FILE_ENV not in os.environ and torch.cuda.is_available():
+            prefix = flight_recorder_prefix(run_dir)  # NCCL's dump on a timeout, read when it dumps
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            os.environ[DUMP_FILE_ENV] = str(prefix)
         if torch.cuda.is_available():
             oom.attach_observer()
             if self.config.memory_history and not _recording_history():
@@ -192,27 +199,51 @@ class PostmortemRecorder:
 
 
 def _turn_on_flight_recorder() -> None:
-    """Before the process group exists, where the user chose nothing: NCCL records its last collectives and
-    dumps them on a timeout (torch reads these when it makes the NCCL process group; gloo has no recorder)."""
-    if "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
+    """Before the process group exists, where the user chose nothing: the Flight Recorder keeps the last
+    collectives (torch reads the size when it makes the process group; NCCL's dumps on a timeout too)."""
+    if BUFFER_ENV in os.environ or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return  # too late for this job's process group
-    os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+    os.environ[BUFFER_ENV] = FLIGHT_RECORDER_ENTRIES
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 
 
-def _dump_flight_recorder(folder: Path) -> None:
-    """NCCL only: this rank's Flight Recorder as it is now, beside its stall part (a pickle `torchfrtrace` reads)."""
+def _dump_flight_recorder(folder: Path) -> dict[str, Any] | None:
+    """This rank's Flight Recorder as it is now, as `torchfrtrace` reads it (`<folder>/flight_recorder/rank_<r>`),
+    and each process group's last collective; None where torch has no recorder for the backend."""
     try:
-        if not (torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"):
-            return
-        dump = torch._C._distributed_c10d._dump_nccl_trace()  # type: ignore[attr-defined]
-        rank = torch.distributed.get_rank()
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"flight_recorder_rank{rank}.pickle").write_bytes(dump)
+        if not torch.distributed.is_initialized():
+            return None
+        c10d: Any = torch._C._distributed_c10d
+        if hasattr(c10d, "_dump_fr_trace"):  # any backend, gloo included
+            dump = c10d._dump_fr_trace()
+        elif torch.distributed.get_backend() == "nccl":
+            dump = c10d._dump_nccl_trace()
+        else:
+            return None
+        path = folder / "flight_recorder" / f"rank_{torch.distributed.get_rank()}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(dump)
+        return last_collectives(pickle.loads(dump))
     except Exception as error:
         log.info("anemoi-profiler: no Flight Recorder dump: %s: %s", type(error).__name__, error)
+        return None
+
+
+def last_collectives(dump: dict[str, Any]) -> dict[str, Any]:
+    """Per process group, the last collective the recorder saw: its name, sequence number and state."""
+    last: dict[str, Any] = {}
+    for entry in dump.get("entries", []):
+        group = entry.get("process_group", ("", ""))[1] or str(entry.get("pg_id"))
+        if entry.get("is_p2p"):
+            continue
+        last[group] = {
+            "collective": entry.get("profiling_name"),
+            "seq": entry.get("collective_seq_id"),
+            "state": entry.get("state"),
+        }
+    return last
 
 
 def _recording_history() -> bool:

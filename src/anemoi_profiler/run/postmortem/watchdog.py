@@ -62,7 +62,7 @@ class StallWatchdog:
         stall_after_s: float | str,
         progress: Progress,
         on_stall: Callable[[dict[str, Any]], None] = lambda merged: None,
-        dump_flight_recorder: Callable[[Path], None] = lambda path: None,
+        dump_flight_recorder: Callable[[Path], dict[str, Any] | None] = lambda path: None,
     ) -> None:
         self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
         self.stall_after_s = stall_after_s
@@ -70,6 +70,7 @@ class StallWatchdog:
         self.on_stall = on_stall
         """Called after each merge that found a new part (rank 0 tells MLflow), off the training thread."""
         self.dump_flight_recorder = dump_flight_recorder
+        """Writes this rank's Flight Recorder beside its part; returns each process group's last collective."""
         self.training_thread = threading.get_ident()  # made on the training thread, when training starts
         self.episodes = 0
         self._part: dict[str, Any] | None = None
@@ -152,7 +153,7 @@ class StallWatchdog:
             "resumed_after_s": None,
             "threads": threads,
         }
-        self.dump_flight_recorder(stall_part_path(self.run_dir, episode, self.rank).parent)
+        part["last_collectives"] = self.dump_flight_recorder(stall_part_path(self.run_dir, episode, self.rank).parent)
         log.warning(
             "anemoi-profiler: rank %d: no batch finished for %.0f s, after step %d; the training thread is in %s "
             "at %s (%s)",
