@@ -62,6 +62,7 @@ def test_an_out_of_memory_error_is_the_verdict_with_its_step_phase_and_rank(
 
     report = report_json(folder)
     assert report["header"]["status"] == "FAILED"
+    assert report["header"]["postmortem"] == f"out of memory at step {OOM_AT_STEP} on rank 0 (device)"
     first = first_verdict(report)
     assert first["id"] == "out-of-memory"
     assert f"at step {OOM_AT_STEP} on rank 0, in forward (training_step) at training_step (" in first["value"]

@@ -50,13 +50,13 @@ def test_sigterm_records_the_step_and_marks_the_run_killed(tmp_path: Path, new_s
     assert any(thread["name"] == "MainThread" for thread in record["threads"])
     report = json.loads((folder / "report.json").read_text())
     assert report["header"]["status"] == "KILLED"
-    assert report["header"]["stopped"] == f"by SIGTERM at step {record['step']}"
+    assert report["header"]["postmortem"] == f"stopped by signal at step {record['step']} (SIGTERM)"
     assert report["sections"]["Diagnosis"]["data"]["verdicts"][0]["id"] == "stopped-by-signal"
 
     run = only_run(store)
     assert run.info.status == "KILLED"
     assert run.data.tags["profiler.postmortem"] == "signal"
-    assert f"Stopped by signal at step {record['step']}" in run.data.tags["mlflow.note.content"]
+    assert f"stopped by signal at step {record['step']} (SIGTERM)" in run.data.tags["mlflow.note.content"]
 
 
 @pytest.mark.slow
@@ -75,4 +75,4 @@ def test_a_signal_with_no_handler_ends_the_process_after_sending_what_was_measur
     run = only_run(store)
     assert run.info.status == "KILLED"
     assert run.data.tags["profiler.postmortem"] == "signal"
-    assert f"stopped by signal SIGUSR1 at step {record['step']}" in run.data.tags["mlflow.note.content"]
+    assert f"stopped by signal at step {record['step']} (SIGUSR1)" in run.data.tags["mlflow.note.content"]

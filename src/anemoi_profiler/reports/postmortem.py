@@ -159,6 +159,24 @@ def postmortems(run: RunData) -> dict[str, Verdict]:
     return found
 
 
+def stopped(record: dict[str, Any]) -> str:
+    return f"stopped by signal at step {record['step']} ({record['signal']})"
+
+
+def headline(folder: Path) -> str | None:
+    """One line for the report's header: what stopped or held the run, from every rank's records."""
+    said = []
+    for record in read_records(folder, "oom_rank*.json"):
+        said.append(f"out of memory at step {record['step']} on rank {record['rank']} ({record['kind']})")
+    signalled = read_records(folder, "signal_rank*.json")
+    if signalled:
+        said.append(stopped(min(signalled, key=lambda record: record["rank"])))
+    stalls = read_stalls(folder)
+    if stalls:
+        said.append(f"{len(stalls)} stall{'s' if len(stalls) > 1 else ''}, the last {stalls[-1]['summary']}")
+    return "; ".join(said) or None
+
+
 def out_of_memory(run: RunData) -> Verdict | None:
     records = read_records(run.folder, "oom_rank*.json")
     if not records:
@@ -237,7 +255,7 @@ def signals(run: RunData) -> Verdict | None:
     ranks = ",".join(str(record["rank"]) for record in records)
     value = f"{first['signal']} at step {first['step']} on rank {ranks}, in {first['phase']} at {first['frame']}"
     if run.header.get("status", "KILLED") == "KILLED":
-        message = f"Stopped by signal at step {first['step']}: what was measured until then is in the report"
+        message = f"The run was {stopped(first)}: what was measured until then is in the report"
     else:
         message = f"{first['signal']} arrived and the run went on (the handler that was there decided)"
     next_step = "A scheduler's time limit sends SIGTERM: resume from the last checkpoint, or ask for more time"

@@ -24,7 +24,7 @@ import torch
 
 from ...config_sections import PostmortemConfig
 from ...layout import flight_recorder_prefix, signal_path
-from ...reports.postmortem import OUT_OF_MEMORY, SIGNAL, STALL, TAG, kinds, read_stalls
+from ...reports.postmortem import OUT_OF_MEMORY, SIGNAL, STALL, TAG, headline, kinds, read_stalls, stopped
 from ...tracking.sink import TrackingSink
 from .. import trainer_info
 from . import oom
@@ -49,8 +49,6 @@ class PostmortemRecorder:
         self.run_dir: Path | None = None
         self.rank, self.world_size = 0, 1
         self.sink: TrackingSink | None = None
-        self.stopped_by: str | None = None
-        """`SIGTERM at step 12` once a signal arrived."""
         self._end_now: Callable[[], None] = lambda: None
         self._watchdog: StallWatchdog | None = None
         self._signals: SignalRecorder | None = None
@@ -123,8 +121,9 @@ class PostmortemRecorder:
         self._trainer = self._clock = None
 
     def header(self) -> dict[str, str]:
-        """For the report's header."""
-        return {"stopped": f"by {self.stopped_by}"} if self.stopped_by else {}
+        """For the report's header (rank 0 at the end, when every rank has written its records)."""
+        found = headline(self.run_dir) if self.run_dir is not None else None
+        return {"postmortem": found} if found else {}
 
     def tag_run(self, sink: TrackingSink) -> None:
         """Rank 0 at the end, when every rank has written its files: each stall merged once more (a rank may have
@@ -170,12 +169,9 @@ class PostmortemRecorder:
             "threads": thread_stacks(),
         }
         write_json(signal_path(self.run_dir, self.rank), record)
-        self.stopped_by = f"{signum.name} at step {step}"
         log.warning("anemoi-profiler: rank %d received %s at step %d", self.rank, signum.name, step)
         # MLflow's client and the sink's queue may be mid-call on this very thread: send from another one
-        sender = threading.Thread(
-            target=self._tell_and_end, args=(f"stopped by signal {self.stopped_by}", ends), daemon=True
-        )
+        sender = threading.Thread(target=self._tell_and_end, args=(stopped(record), ends), daemon=True)
         sender.start()
         if ends:
             sender.join(timeout=60.0)
