@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..layout import POSTMORTEM_DIR, stall_part_path
-from .outcome import Severity, Verdict
+from .outcome import Verdict
 from .run_data import RunData
 
 STALL, OUT_OF_MEMORY, SIGNAL = "stall", "out-of-memory", "signal"
@@ -231,20 +231,17 @@ def stalls(run: RunData) -> Verdict | None:
         return None
     longest = max(records, key=lambda record: record.get("stalled_for_s") or 0.0)
     resumed = [record for record in records if record.get("resumed_after_s") is not None]
-    severity: Severity
     value = f"{len(records)} stall{'s' if len(records) > 1 else ''}; {longest['summary']}"
     if len(resumed) == len(records):
         length = max(record["resumed_after_s"] for record in records)
         message = f"Every stall ended: the run moved on after at most {length:.0f} s without a finished batch"
-        severity = "medium"
     else:
         message = "The run did not move on from the last stall before it ended"
-        severity = "high"
     next_step = (
         f"Read {longest['file']} (each rank's phase and frame) and postmortem/stall_<k>/rank<r>.json (every "
         "thread's stack); with NCCL, the Flight Recorder dumps beside them"
     )
-    return Verdict(STALL, "stall", severity, value, message + ".", next_step)
+    return Verdict(STALL, "stall", "high", value, message + ".", next_step)  # high: the post-mortems lead
 
 
 def signals(run: RunData) -> Verdict | None:

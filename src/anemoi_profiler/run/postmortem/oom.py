@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from ...layout import oom_path
+from ...profiling import torch_private
 from .stacks import describe, frames_of_traceback, phase_of, user_frame
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ TOP_SITES = 10
 WORKER_KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: Killed")
 """How torch says a DataLoader worker got SIGKILL, what the kernel's OOM killer sends (in the context of Lightning's
 "exited unexpectedly")."""
-_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 _observed: list[dict[str, Any]] = []  # what the observer saw at the last failed allocation of this process
 _observer_attached = False
 
@@ -40,7 +40,7 @@ def find(error: BaseException) -> tuple[str, BaseException] | None:
     """(`device`, the error) for an out-of-memory error, (`host`, the error that says so) for a DataLoader worker
     killed; None for other errors."""
     for link in _chain(error):
-        if isinstance(link, _OUT_OF_MEMORY):
+        if isinstance(link, torch_private.OutOfMemoryError):
             return "device", link
         if WORKER_KILLED.search(str(link)):
             return "host", link
@@ -61,15 +61,11 @@ def start_memory_history(entries: int) -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        torch.cuda.memory._record_memory_history(max_entries=entries)
+        torch_private.record_memory_history(entries, python_stacks_only=True)
         return True
     except Exception as error:  # ROCm builds without it, say
         log.warning("anemoi-profiler: no CUDA memory history: %s: %s", type(error).__name__, error)
         return False
-
-
-def stop_memory_history() -> None:
-    torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def attach_observer() -> None:
@@ -78,7 +74,7 @@ def attach_observer() -> None:
     if _observer_attached or not torch.cuda.is_available():
         return
     try:
-        torch._C._cuda_attach_out_of_memory_observer(_on_out_of_memory)  # type: ignore[attr-defined]
+        torch_private.attach_out_of_memory_observer(_on_out_of_memory)
         _observer_attached = True
     except Exception as error:  # a build without it
         log.info("anemoi-profiler: no out-of-memory observer: %s: %s", type(error).__name__, error)
@@ -92,7 +88,7 @@ def _on_out_of_memory(device: int, requested: int, device_allocated: int, device
         "device_free_mb": device_free / MB,
     }
     try:
-        seen["snapshot"] = torch.cuda.memory._snapshot()
+        seen["snapshot"] = torch_private.memory_snapshot()
     except Exception as error:  # e.g. ROCm, where snapshots fail on some devices
         seen["snapshot_not_taken"] = f"{type(error).__name__}: {error}"
     _observed[:] = [seen]

@@ -24,6 +24,7 @@ import torch
 
 from ...config_sections import PostmortemConfig
 from ...layout import flight_recorder_prefix, signal_path
+from ...profiling import torch_private
 from ...reports.postmortem import OUT_OF_MEMORY, SIGNAL, STALL, TAG, headline, kinds, read_stalls, stopped
 from ...tracking.sink import TrackingSink
 from .. import trainer_info
@@ -37,10 +38,7 @@ log = logging.getLogger(__name__)
 HEADING = "**anemoi-profiler: post-mortem**"
 FLIGHT_RECORDER_ENTRIES = "2000"
 """Flight Recorder entries kept when the user has not chosen (torch's documented example value)."""
-_NEW_RECORDER = torch.distributed.is_available() and hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
-BUFFER_ENV = "TORCH_FR_BUFFER_SIZE" if _NEW_RECORDER else "TORCH_NCCL_TRACE_BUFFER_SIZE"
-"""The recorder's size: torch >= 2.9 reads TORCH_FR_*, for every backend, and warns about the TORCH_NCCL_* names."""
-DUMP_FILE_ENV = "TORCH_FR_DUMP_TEMP_FILE" if _NEW_RECORDER else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+BUFFER_ENV, DUMP_FILE_ENV = torch_private.flight_recorder_names()
 
 
 class PostmortemRecorder:
@@ -116,7 +114,7 @@ class PostmortemRecorder:
             self._signals.restore()
             self._signals = None
         if self._history_started:
-            oom.stop_memory_history()
+            torch_private.stop_memory_history()
             self._history_started = False
         self._trainer = self._clock = None
 
@@ -196,7 +194,7 @@ class PostmortemRecorder:
 
 def _turn_on_flight_recorder() -> None:
     """Before the process group exists, where the user chose nothing: the Flight Recorder keeps the last
-    collectives (torch reads the size when it makes the process group; NCCL's dumps on a timeout too)."""
+    collectives (torch reads the size when it makes the process group)."""
     if BUFFER_ENV in os.environ or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -211,12 +209,8 @@ def _dump_flight_recorder(folder: Path) -> dict[str, Any] | None:
     try:
         if not torch.distributed.is_initialized():
             return None
-        c10d: Any = torch._C._distributed_c10d
-        if hasattr(c10d, "_dump_fr_trace"):  # any backend, gloo included
-            dump = c10d._dump_fr_trace()
-        elif torch.distributed.get_backend() == "nccl":
-            dump = c10d._dump_nccl_trace()
-        else:
+        dump = torch_private.flight_recorder_dump()
+        if dump is None:
             return None
         path = folder / "flight_recorder" / f"rank_{torch.distributed.get_rank()}"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,7 +239,7 @@ def last_collectives(dump: dict[str, Any]) -> dict[str, Any]:
 def _recording_history() -> bool:
     """The memory snapshot callback may record already: then it owns the history."""
     try:
-        return bool(torch.cuda.memory._snapshot().get("device_traces"))
+        return bool(torch_private.memory_snapshot().get("device_traces"))
     except Exception:
         return False
 
