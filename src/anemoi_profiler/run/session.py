@@ -172,7 +172,8 @@ class ProfilerSession:
             self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer, environment)
-        self.postmortem.start(self.run_dir, self.global_rank, self.world_size, self.sink, self._end_now)
+        metrics = self.history.write if self.is_global_zero else None
+        self.postmortem.start(self.run_dir, self.global_rank, self.world_size, self.sink, metrics)
 
     def _write_run_folder(self, trainer: Any, environment: dict[str, Any], header: dict[str, Any]) -> Path | None:
         """Rank 0: create the run folder with the config and the environment (collected into `environment`);
@@ -249,10 +250,7 @@ class ProfilerSession:
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""
-        try:
-            self.postmortem.close()
-        except Exception as error:
-            log.warning("anemoi-profiler: could not close the post-mortem watch: %s: %s", type(error).__name__, error)
+        self.postmortem.close()
         if self.run_dir is not None and not self.failed:
             self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
         self.exchange.close()  # the last collective is behind us: gloo's threads end now, not at exit
@@ -298,14 +296,6 @@ class ProfilerSession:
             "anemoi-profiler: the end of the run took %s",
             ", ".join(f"{k} {v:.2f} s" for k, v in self.end_seconds.items()),
         )
-
-    def _end_now(self) -> None:
-        """A signal ends the process with no end of the fit: what was measured goes to disk and to MLflow now."""
-        if self.is_global_zero and self.run_dir is not None:
-            self.history.write(self.run_dir)
-        if self.sink is not None:
-            self.sink.spool_now()
-            self.sink.close("KILLED", timeout_s=self.config.tracking.close_timeout_s)
 
     def _log_summary_metrics(self, sink: TrackingSink, trainer: Any) -> None:
         if self._summary_metrics:

@@ -36,6 +36,8 @@ from .watchdog import Progress, StallWatchdog, merge_episode, write_json
 log = logging.getLogger(__name__)
 
 HEADING = "**anemoi-profiler: post-mortem**"
+CLOSE_TIMEOUT_S = 30.0
+"""Longest wait for MLflow before a signal's default action ends the process (a scheduler's grace is ~30 s)."""
 FLIGHT_RECORDER_ENTRIES = "2000"
 """Flight Recorder entries kept when the user has not chosen (torch's documented example value)."""
 BUFFER_ENV, DUMP_FILE_ENV = torch_private.flight_recorder_names()
@@ -47,7 +49,7 @@ class PostmortemRecorder:
         self.run_dir: Path | None = None
         self.rank, self.world_size = 0, 1
         self.sink: TrackingSink | None = None
-        self._end_now: Callable[[], None] = lambda: None
+        self._write_metrics: Callable[[Path], object] | None = None
         self._watchdog: StallWatchdog | None = None
         self._signals: SignalRecorder | None = None
         self._trainer: Any = None
@@ -59,11 +61,17 @@ class PostmortemRecorder:
             _turn_on_flight_recorder()
 
     def start(
-        self, run_dir: Path, rank: int, world_size: int, sink: TrackingSink | None, end_now: Callable[[], None]
+        self,
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        sink: TrackingSink | None,
+        write_metrics: Callable[[Path], object] | None,
     ) -> None:
         """With the run folder: where the Flight Recorder dumps, the memory history, the out-of-memory observer.
-        `end_now` spools and sends what was measured and closes the run as KILLED (a signal that ends the process)."""
-        self.run_dir, self.rank, self.world_size, self.sink, self._end_now = run_dir, rank, world_size, sink, end_now
+        `write_metrics` writes metrics.json (rank 0), for a signal that ends the process before the fit ends."""
+        self.run_dir, self.rank, self.world_size, self.sink = run_dir, rank, world_size, sink
+        self._write_metrics = write_metrics
         self._kinds = []
         if not self.config.enabled:
             return
@@ -108,14 +116,17 @@ class PostmortemRecorder:
             self._watchdog = None
 
     def close(self) -> None:
-        """At the session's end: the watchdog stops, the signal handlers that were there come back."""
-        self.train_ended()
-        if self._signals is not None:
-            self._signals.restore()
-            self._signals = None
-        if self._history_started:
-            torch_private.stop_memory_history()
-            self._history_started = False
+        """At the session's end: the watchdog stops, the signal handlers that were there come back. Never raises."""
+        try:
+            self.train_ended()
+            if self._signals is not None:
+                self._signals.restore()
+                self._signals = None
+            if self._history_started:
+                self._history_started = False
+                torch_private.stop_memory_history()
+        except Exception as error:
+            log.warning("anemoi-profiler: could not end the post-mortem watch: %s: %s", type(error).__name__, error)
         self._trainer = self._clock = None
 
     def header(self) -> dict[str, str]:
@@ -176,8 +187,12 @@ class PostmortemRecorder:
 
     def _tell_and_end(self, what: str, ends: bool) -> None:
         self._tell(SIGNAL, what)
-        if ends:
-            self._end_now()
+        if ends:  # no end of the fit follows: what was measured goes to disk and to MLflow now, the run is KILLED
+            if self._write_metrics is not None and self.run_dir is not None:
+                self._write_metrics(self.run_dir)
+            if self.sink is not None:
+                self.sink.spool_now()
+                self.sink.close("KILLED", timeout_s=CLOSE_TIMEOUT_S)
 
     def _tell(self, kind: str, what: str) -> None:
         """The tag and a line of the description, now (the job may hang or end before its report)."""
