@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,10 @@ import pytest
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.config import ConfigError
 from anemoi_profiler.reports.postmortem import merge_stall
+from anemoi_profiler.run.postmortem import PostmortemRecorder
 from anemoi_profiler.run.postmortem.signals import SignalRecorder
 from anemoi_profiler.run.postmortem.stacks import describe, phase_of, thread_stacks, user_frame
+from anemoi_profiler.run.postmortem.watchdog import AUTO_MIN_S, Progress, StallWatchdog
 
 
 def part(rank: int, phase: str, step: int = 40, frame: str = "f (x.py:1)") -> dict[str, Any]:
@@ -100,3 +103,26 @@ def test_stall_after_s_is_auto_or_seconds(value: str) -> None:
     with pytest.raises(ConfigError, match=r"postmortem\.stall_after_s"):
         ProfilerConfig.load(None, [f"postmortem.stall_after_s={value}"])
     assert ProfilerConfig.load(None, ["postmortem.stall_after_s=2.5"]).postmortem.stall_after_s == 2.5
+
+
+def watchdog(stall_after_s: float | str, recent_steps_s: list[float], tmp_path: Path) -> StallWatchdog:
+    progress = Progress(lambda: 0, lambda: 0, lambda: recent_steps_s, lambda: False)
+    return StallWatchdog(tmp_path, 0, 1, stall_after_s, progress)
+
+
+def test_the_automatic_threshold_is_five_minutes_or_a_hundred_median_steps(tmp_path: Path) -> None:
+    assert watchdog("auto", [], tmp_path).threshold_s() == AUTO_MIN_S == 300.0  # before the first step
+    assert watchdog("auto", [0.1, 0.2, 9.0], tmp_path).threshold_s() == 300.0
+    assert watchdog("auto", [4.0, 5.0, 6.0], tmp_path).threshold_s() == 500.0  # 100 median steps
+    assert watchdog(2.5, [4.0], tmp_path).threshold_s() == 2.5
+
+
+def test_a_disabled_post_mortem_starts_no_thread_and_sets_no_handler(tmp_path: Path, restored_sigusr1: None) -> None:
+    recorder = PostmortemRecorder(ProfilerConfig.load(None, ["postmortem.enabled=false"]).postmortem)
+    before = signal.getsignal(signal.SIGUSR1)
+    recorder.start(tmp_path, 0, 1, None, None)
+    recorder.train_started(trainer=None, clock=None)
+    assert "anemoi-profiler-watchdog" not in [thread.name for thread in threading.enumerate()]
+    assert signal.getsignal(signal.SIGUSR1) == before
+    recorder.close()
+    assert not (tmp_path / "postmortem").exists()
