@@ -41,6 +41,7 @@ CLOSE_TIMEOUT_S = 30.0
 FLIGHT_RECORDER_ENTRIES = "2000"
 """Flight Recorder entries kept when the user has not chosen (torch's documented example value)."""
 BUFFER_ENV, DUMP_FILE_ENV = torch_private.flight_recorder_names()
+_dump_file_set: str | None = None  # the dump file name this process set, if any
 
 
 class PostmortemRecorder:
@@ -75,10 +76,8 @@ class PostmortemRecorder:
         self._kinds = []
         if not self.config.enabled:
             return
-        if self.config.flight_recorder and DUMP_FILE_ENV not in os.environ and torch.cuda.is_available():
-            prefix = flight_recorder_prefix(run_dir)  # NCCL's dump on a timeout, read when it dumps
-            prefix.parent.mkdir(parents=True, exist_ok=True)
-            os.environ[DUMP_FILE_ENV] = str(prefix)
+        if self.config.flight_recorder and torch.cuda.is_available():
+            _dump_into(flight_recorder_prefix(run_dir))
         if torch.cuda.is_available():
             oom.attach_observer()
             if self.config.memory_history and not _recording_history():
@@ -216,6 +215,16 @@ def _turn_on_flight_recorder() -> None:
         return  # too late for this job's process group
     os.environ[BUFFER_ENV] = FLIGHT_RECORDER_ENTRIES
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+def _dump_into(prefix: Path) -> None:
+    """NCCL's dump on a timeout goes to this run folder (torch reads the name when it dumps), unless the user
+    chose a place: a name an earlier run of this process set is the profiler's to change."""
+    global _dump_file_set
+    if os.environ.get(DUMP_FILE_ENV, _dump_file_set) != _dump_file_set:
+        return
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    _dump_file_set = os.environ[DUMP_FILE_ENV] = str(prefix)
 
 
 def _dump_flight_recorder(folder: Path) -> dict[str, Any] | None:
