@@ -29,6 +29,7 @@ from .config_sections import (
     HtaConfig,
     MemorySnapshotConfig,
     ModelSummaryConfig,
+    PostmortemConfig,
     ReportConfig,
     SystemConfig,
     ThroughputConfig,
@@ -70,6 +71,7 @@ class ProfilerConfig:
     distributed: DistributedConfig = _opt(DistributedConfig, DistributedConfig.__doc__)
     report: ReportConfig = _opt(ReportConfig, ReportConfig.__doc__)
     triggers: TriggersConfig = _opt(TriggersConfig, TriggersConfig.__doc__)
+    postmortem: PostmortemConfig = _opt(PostmortemConfig, PostmortemConfig.__doc__)
 
     @classmethod
     def load(cls, source: ConfigSource | None = None, overrides: Iterable[str] = ()) -> ProfilerConfig:
@@ -160,6 +162,11 @@ class ProfilerConfig:
         counting_ok = self.distributed.item_counting in ITEM_COUNTING
         checks.append(("distributed.item_counting", counting_ok, " or ".join(repr(c) for c in ITEM_COUNTING)))
         checks.append(("distributed.timeout_s", self.distributed.timeout_s > 0, "a number of seconds > 0"))
+        stall_after_s = self.postmortem.stall_after_s
+        stall_ok = stall_after_s == "auto" or (_is_number(stall_after_s) and stall_after_s > 0)
+        checks.append(("postmortem.stall_after_s", stall_ok, "'auto' or a number of seconds > 0"))
+        entries_ok = self.postmortem.memory_history_entries > 0
+        checks.append(("postmortem.memory_history_entries", entries_ok, "an integer > 0"))
         checks += _trigger_checks(self.triggers)
         for key, ok, allowed in checks:
             if not ok:
@@ -323,6 +330,10 @@ def _value_at(config: ProfilerConfig, key: str) -> Any:
 
 def _is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _first_line(text: str) -> str:

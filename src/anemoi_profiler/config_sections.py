@@ -234,6 +234,34 @@ class TriggersConfig:
 
 
 @dataclass
+class PostmortemConfig:
+    """What a run that stalls, runs out of memory or is stopped leaves in postmortem/ (docs/postmortem.md)."""
+
+    enabled: bool = _opt(
+        True, "Watch for stalls, record out-of-memory errors and SIGTERM/SIGUSR1 (nothing runs per step)."
+    )
+    stall_after_s: Any = _opt(
+        "auto",
+        "Seconds without a finished batch before a rank records a stall: 'auto' (the larger of 300 s and 100 "
+        "median steps, so a checkpoint or a validation pass is no stall) or a number > 0.",
+    )
+    memory_history: bool = _opt(
+        False,
+        "CUDA: record allocations (torch.cuda.memory._record_memory_history) so that an out-of-memory error "
+        "leaves a snapshot with the allocation sites; its cost is not yet assessed on a GPU, hence off.",
+    )
+    memory_history_entries: int = _opt(100000, "Allocations the memory history keeps (a ring buffer).")
+    signals: bool = _opt(
+        True, "On SIGTERM and SIGUSR1: record the stacks and the step, then the handler that was there runs."
+    )
+    flight_recorder: bool = _opt(
+        True,
+        "NCCL: turn on torch's Flight Recorder (unless TORCH_NCCL_TRACE_BUFFER_SIZE is set) and dump it into "
+        "postmortem/flight_recorder/.",
+    )
+
+
+@dataclass
 class ReportConfig:
     """The end-of-run report: which renderings to make."""
 

@@ -11,6 +11,9 @@
   memory/snapshot_rank<r>_window<k>.pickle     (a triggered or requested window's snapshot)
   hta/summary.json  hta/<stage>/window_<k>/...
   spool/rank<r>/run.json  spool/rank<r>/batch-*.json     (only while metrics wait for MLflow)
+  postmortem/stall_<k>.json  postmortem/stall_<k>/rank<r>.json     (a stall: all ranks, and each rank's part)
+  postmortem/oom_rank<r>.json  postmortem/oom_rank<r>.pickle  postmortem/signal_rank<r>.json
+  postmortem/flight_recorder/rank_<r>  postmortem/stall_<k>/flight_recorder/rank_<r>     (Flight Recorder dumps)
 ```
 
 The MLflow run holds the same files under `ARTIFACT_ROOT/`, except the spool. Torch-free: the command line
@@ -55,6 +58,8 @@ WINDOWS_FILE = "windows.json"
 REQUEST_FILE = "window_request.json"
 """A profiling window asked for by `anemoi-profiler request`, answered with the step it was served at."""
 """Every profiling window of the run, scheduled, triggered or requested, with its reason and evidence."""
+POSTMORTEM_DIR = "postmortem"
+"""What happened to a run that stalled, ran out of memory or was stopped (docs/postmortem.md)."""
 SPOOL_DIR = "spool"
 RUN_INFO_FILE = "run.json"
 """In each spool folder: the tracking URI (redacted), experiment, run id and run name the spool belongs to."""
@@ -107,6 +112,31 @@ def window_snapshot_path(run_dir: Path, rank: int, window: int) -> Path:
 
 def timeline_path(run_dir: Path, rank: int) -> Path:
     return run_dir / MEMORY_DIR / f"timeline_rank{rank}.html"
+
+
+def stall_path(run_dir: Path, episode: int) -> Path:
+    """Every rank's part of stall `episode` side by side, with the rank that holds the others."""
+    return run_dir / POSTMORTEM_DIR / f"stall_{episode}.json"
+
+
+def stall_part_path(run_dir: Path, episode: int, rank: int) -> Path:
+    """One rank's part of a stall: where its training thread is, every thread's stack."""
+    return run_dir / POSTMORTEM_DIR / f"stall_{episode}" / f"rank{rank}.json"
+
+
+def oom_path(run_dir: Path, rank: int, suffix: str = ".json") -> Path:
+    """A rank's out-of-memory record (`.json`) and its CUDA memory snapshot (`.pickle`, for memory_viz)."""
+    return run_dir / POSTMORTEM_DIR / f"oom_rank{rank}{suffix}"
+
+
+def signal_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / POSTMORTEM_DIR / f"signal_rank{rank}.json"
+
+
+def flight_recorder_prefix(run_dir: Path) -> Path:
+    """NCCL's Flight Recorder dumps on a timeout to `<prefix><rank>` (TORCH_FR_DUMP_TEMP_FILE), as `torchfrtrace`
+    reads them."""
+    return run_dir / POSTMORTEM_DIR / "flight_recorder" / "rank_"
 
 
 def spool_dir(run_dir: Path, rank: int) -> Path:

@@ -96,6 +96,10 @@ class ProfilerCallback(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Ctrl-C, and a scheduler's SIGTERM (Lightning raises SIGTERMException, a SystemExit): stopped, not failed.
         stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
+        try:
+            self.session.postmortem.exception(trainer, exception)  # an out-of-memory error: its record
+        except Exception as error:
+            log.warning("anemoi-profiler: could not record the error: %s: %s", type(error).__name__, error)
         self._end(trainer, "KILLED" if stopped else "FAILED")
 
     def _share_session(self, trainer: Any) -> None:

@@ -167,6 +167,7 @@ class StageCallback(ProfilerCallback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
             self.clock.train_start()
+            self.session.postmortem.train_started(trainer, self.clock)  # the stall watchdog, signal handlers
 
     @guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -176,6 +177,7 @@ class StageCallback(ProfilerCallback):
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.drives:
+            self.session.postmortem.train_ended()
             self.clock.train_end(trainer)
 
     @guarded

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..report import ReportSection, RunReport, plain_table
 from ..reports.diagnosis import TITLE as DIAGNOSIS_TITLE
 from ..reports.diagnosis import Outcome, assess, render_section
+from ..reports.postmortem import kinds
 from ..reports.run_data import RunData, RunFolderError, load_run
 from ..tracking.run_download import RunDownloadError, resolve_run
 
@@ -53,13 +54,22 @@ def regenerate_reports(run: RunData, outcomes: dict[str, Outcome]) -> list[Path]
     from ..reports.html import write_html_report  # the report modules only now: `anemoi-profiler --help` stays fast
 
     written = []
-    if run.header or run.sections:
+    header = dict(run.header) or _killed_header(run)
+    if header or run.sections:
         sections = [render_section(outcomes)]  # the diagnosis opens the report
         sections += [
             ReportSection(title, s.get("columns") or [], s.get("rows") or [], s.get("data") or {}, s.get("note") or "")
             for title, s in run.sections.items()
             if title != DIAGNOSIS_TITLE
         ]
-        written += RunReport(dict(run.header), sections).write(run.folder)
+        written += RunReport(header, sections).write(run.folder)
     written.append(write_html_report(run, outcomes))
     return written
+
+
+def _killed_header(run: RunData) -> dict[str, str]:
+    """The header of a run whose processes were killed before its report, as its post-mortem says it; none for a
+    run without one."""
+    if not kinds(run.folder):
+        return {}
+    return {"run folder": str(run.folder), "status": "ended before its report: its processes were killed"}

@@ -9,6 +9,7 @@ the version matrix (ci/matrix), so that a name that moves fails there rather tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,3 +84,37 @@ def stop_memory_history() -> None:
 def memory_snapshot() -> dict[str, Any]:
     """The allocator's state and recorded history as the dict `torch.cuda.memory._dump_snapshot` pickles."""
     return torch.cuda.memory._snapshot()
+
+
+OutOfMemoryError: type[Exception] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+"""What the caching allocator raises, CUDA's and ROCm's (`torch.OutOfMemoryError` from torch 2.5, the same class
+as `torch.cuda.OutOfMemoryError`, which is all older torch has)."""
+
+
+def attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
+    """Call `observer(device, requested bytes, device allocated bytes, device free bytes)` at a failed CUDA
+    allocation, before the error unwinds (`torch._C._cuda_attach_out_of_memory_observer`; CUDA builds only)."""
+    torch._C._cuda_attach_out_of_memory_observer(observer)  # type: ignore[attr-defined]
+
+
+def flight_recorder_names() -> tuple[str, str]:
+    """The environment variables of the Flight Recorder's size and of NCCL's dump file on a timeout: `TORCH_FR_*`
+    where torch has the recorder for every backend (gloo too; it warns about the old names), else `TORCH_NCCL_*`."""
+    if _has_recorder_for_every_backend():
+        return "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"
+    return "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+
+
+def flight_recorder_dump() -> bytes | None:
+    """This process's Flight Recorder now (a pickle `torchfrtrace` reads): every backend's where torch has that
+    recorder, else NCCL's (`_dump_nccl_trace`) when the default group is NCCL; None where there is none."""
+    c10d: Any = torch._C._distributed_c10d
+    if _has_recorder_for_every_backend():
+        return c10d._dump_fr_trace()
+    if torch.distributed.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
+        return c10d._dump_nccl_trace()
+    return None
+
+
+def _has_recorder_for_every_backend() -> bool:
+    return torch.distributed.is_available() and hasattr(torch._C._distributed_c10d, "_dump_fr_trace")

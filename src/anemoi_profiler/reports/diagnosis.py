@@ -17,6 +17,7 @@ from .. import names
 from ..report import ReportSection
 from .epoch_starts import slow_epoch_starts
 from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
+from .postmortem import postmortems
 from .run_data import TYPICAL_MIN_INTERVALS, RunData
 
 TITLE = "Diagnosis"
@@ -354,7 +355,7 @@ CHECKS: dict[str, Callable[[RunData], Outcome]] = {
 
 def assess(run: RunData) -> dict[str, Outcome]:
     """Every check's outcome; a check that fails on odd data is reported as not assessed, never raised."""
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, Outcome] = dict(postmortems(run))  # what stopped the run, first: the report leads with it
     for name, check in CHECKS.items():
         try:
             outcomes[name] = check(run)

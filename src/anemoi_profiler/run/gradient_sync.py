@@ -39,6 +39,8 @@ class GradientSyncTimer:
         self._wrapped_user_hook = False
         self._pending: list[tuple[Mark, Mark]] = []
         self._lock = threading.Lock()  # the hook's future completes on a communication thread
+        self._last_buckets_launched = 0
+        self._last_buckets_completed = 0
 
     # ---- registration ----
     def wrap_user_hook(self, trainer: Any) -> None:
@@ -92,12 +94,14 @@ class GradientSyncTimer:
             if not bucket.is_last():
                 return inner(state, bucket)
             ready = self._mark()
+            self._last_buckets_launched += 1
             return inner(state, bucket).then(functools.partial(self._completed, ready))
 
         return timed
 
     def _completed(self, ready: Mark, future: Any) -> Any:
         end = self._mark()
+        self._last_buckets_completed += 1
         with self._lock:
             self._pending.append((ready, end))
         return future.value()
@@ -110,6 +114,11 @@ class GradientSyncTimer:
         return event
 
     # ---- reading ----
+    @property
+    def all_reduce_pending(self) -> bool:
+        """A step's last gradient bucket is in its all-reduce: the stall watchdog's sign of a rank waiting there."""
+        return self._last_buckets_launched > self._last_buckets_completed
+
     def take(self) -> tuple[float, int]:
         """Seconds waited and optimizer steps timed since the last call; on CUDA only the steps the GPU passed."""
         done: list[tuple[Mark, Mark]] = []

@@ -32,6 +32,7 @@ from .folder import print_where_to_look, upload_folder, write_run_folder
 from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .parallelism import Parallelism, detect_parallelism
+from .postmortem import PostmortemRecorder
 from .triggers import TriggerWatch
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ProfilerSession:
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
+        self.postmortem = PostmortemRecorder(self.config.postmortem)  # before the process group: Flight Recorder
         # MLflow's client starts while the fit sets up (a logger may name another URI)
         if self.config.tracking.enabled and startup.uses("prestart"):
             prestart_tracking(self.config.tracking.uri)
@@ -170,6 +172,8 @@ class ProfilerSession:
             self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
         self._start_sink(trainer, environment)
+        metrics = self.history.write if self.is_global_zero else None
+        self.postmortem.start(self.run_dir, self.global_rank, self.world_size, self.sink, metrics)
 
     def _write_run_folder(self, trainer: Any, environment: dict[str, Any], header: dict[str, Any]) -> Path | None:
         """Rank 0: create the run folder with the config and the environment (collected into `environment`);
@@ -246,6 +250,7 @@ class ProfilerSession:
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""
+        self.postmortem.close()
         if self.run_dir is not None and not self.failed:
             self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads
         self.exchange.close()  # the last collective is behind us: gloo's threads end now, not at exit
@@ -268,6 +273,7 @@ class ProfilerSession:
         if sink is not None:
             if reporting:
                 steps.append(("describe the MLflow run", functools.partial(self._describe_run, sink)))
+                steps.append(("tag the post-mortem", functools.partial(self.postmortem.tag_run, sink)))
             # after rank 0's work, which adds summary values of its own
             steps.append(("log summary metrics", functools.partial(self._log_summary_metrics, sink, trainer)))
             if self.is_global_zero and self.config.tracking.upload_artifacts:
@@ -313,6 +319,7 @@ class ProfilerSession:
             status=self._status,
             duration=f"{time.time() - self._started:.1f} s",
             steps=trainer_info.global_step(trainer),
+            **self.postmortem.header(),
         )
         self.history.add(self._summary_metrics, trainer_info.global_step(trainer))
         self.history.write(self.run_dir)
