@@ -182,12 +182,18 @@ def test_a_rate_is_tested_as_time_per_sample(tmp_path: Path) -> None:
         metrics = {names.TRAIN_SAMPLES_PER_SEC: {"step": list(range(30)), "value": values}}
         return RunData(tmp_path / name, metrics=metrics)
 
-    a, b = run("a", 1000.0), run("b", 800.0)  # 20 % fewer samples/s: each sample takes 25 % longer
-    verdict = run_gate([a], [b], 5.0, metric="throughput")
+    # 20 % fewer samples/s: each sample takes 25 % longer; two runs a side, whose medians bound the drift
+    a, b = [run("a1", 1000.0), run("a2", 1010.0)], [run("b1", 800.0), run("b2", 795.0)]
+    verdict = run_gate(a, b, 5.0, metric="throughput")
     assert verdict.exit_code == 1 and verdict.result is not None
     assert verdict.result.estimate_pct == pytest.approx(25.0, abs=3.0)
     assert verdict_lines(verdict)[0].startswith("SLOWER: training samples/s +")
-    assert run_gate([b], [a], 5.0, metric="throughput").exit_code == 0
+    assert run_gate(b, a, 5.0, metric="throughput").exit_code == 0
+    # One run a side cannot tell 25 % from the drift between runs: inconclusive, with the runs that would settle it.
+    single = run_gate(a[:1], b[:1], 5.0, metric="throughput")
+    assert single.exit_code == 3
+    assert "runs per side, interleaved (A, B, A, B), would settle it" in verdict_lines(single)[0]
+    a, b = a[0], b[0]
     with pytest.raises(GateInputError, match=r"has no throughput/train/items_per_sec in metrics\.json"):
         run_gate([a], [b], 5.0, metric="items")
 

@@ -179,7 +179,10 @@ class StageClock:
         try:
             self.gaps.batch_started()
             if not trainer.sanity_checking:
-                self.meters["val"].start()
+                meter = self.meters["val"]
+                if not meter.running:  # the first batch's fetch ran before validation's clock started: no step's
+                    self.gaps.drop_fetches("val")
+                meter.start()
         except Exception as error:
             self.hook_failed("on_validation_batch_start", error)
 
