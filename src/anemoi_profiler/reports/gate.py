@@ -6,13 +6,15 @@ autocorrelation asks for, so that a slow patch of correlated steps is resampled 
 evidence; the runs themselves resampled when a side has several), or from an AR(1) model of each run's noise
 where that gives more: at a few hundred strongly correlated steps the bootstrap underestimates it by up to a
 fifth. With several runs a side, the spread of their medians where that is larger still (the machine slowed some
-runs as a whole), with its few degrees of freedom. One-sided bounds at `CONFIDENCE` use Student's t with the
-degrees of freedom of that spread. Outcomes:
+runs as a whole), with its few degrees of freedom. A side of one run cannot show that: its drift between runs
+(`run_drift_variance`: its block-to-block spread, at least `DRIFT_FLOOR_PCT`) is added. One-sided bounds at
+`CONFIDENCE` use Student's t with the degrees of freedom of that spread. Outcomes:
 
 - slower: the lower bound is above the threshold;
 - not slower: the upper bound is below it;
 - inconclusive: the interval holds the threshold; the result says which slowdown this noise could have detected
-  and about how many more steps per run would settle it.
+  and about how many more steps per run would settle it, or, where only the drift between runs keeps it open, how
+  many runs per side.
 
 Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/regression-gate.md publishes.
 """
@@ -41,9 +43,12 @@ run's median step (%); `compare --drift-floor` sets another. Two runs of one scr
 tests were +26 % apart (bounds +12 .. +42 % from their steps' noise), four in a row 1.23, 1.26, 1.34 and 2.29 ms:
 nothing inside one run shows that; docs/regression-gate.md."""
 DRIFT_BLOCKS = 8
-"""A run's steady steps are cut into this many consecutive blocks (at least `MIN_BLOCK_STEPS` each): the spread of
-their medians beyond what the steps' noise explains is the drift the run itself shows."""
+"""A run's steady steps are cut into this many consecutive blocks (at least `MIN_BLOCK_STEPS` each): the (robust)
+spread of their medians beyond what the steps' noise explains is the drift the run itself shows."""
 MIN_BLOCK_STEPS = 10
+MAD_EFFICIENCY = 0.37
+"""The block medians' spread is their median absolute deviation, so that one slow block (a slow start) does not
+stand for the run's drift; it is known with this share of a standard deviation's degrees of freedom."""
 MAX_RUNS_ADVISED = 20
 """An inconclusive one-run verdict names how many runs per side would settle it, up to this many."""
 MAX_RESAMPLED_VALUES = 4_000_000
@@ -159,10 +164,10 @@ def run_drift_variance(run: np.ndarray, floor_pct: float = DRIFT_FLOOR_PCT) -> t
     if blocks < 3:
         return floor, math.inf
     parts = np.array_split(run, blocks)
-    shown = float(np.var([np.median(part) for part in parts], ddof=1))
+    _, scale = _robust_centre_and_scale(np.array([np.median(part) for part in parts]))
     explained = float(np.mean([median_variance(part) for part in parts]))
-    excess = shown - explained
-    return (excess, blocks - 1.0) if excess > floor else (floor, math.inf)
+    excess = scale**2 - explained
+    return (excess, MAD_EFFICIENCY * (blocks - 1)) if excess > floor else (floor, math.inf)
 
 
 def _with_drift(spread: float, df: float, drift: list[tuple[float, float]]) -> tuple[float, float]:

@@ -204,9 +204,8 @@ def _result_line(result: GateResult, label: str) -> str:
         runs = f"about {result.runs_needed}" if result.runs_needed is not None else f"more than {MAX_RUNS_ADVISED}"
         return (
             f"INCONCLUSIVE: {head} hold {threshold} once the drift between runs is counted: with one run per side, "
-            f"runs of one configuration can differ by that much (a run's level {result.drift_pct:.1f} % apart: its "
-            f"block-to-block spread, or the documented floor); {runs} runs per side, interleaved (A, B, A, B), would "
-            "settle it"
+            f"a run's level can move by {result.drift_pct:.1f} % (the larger of its own block-to-block spread and "
+            f"--drift-floor); {runs} runs per side, interleaved (A, B, A, B), would settle it"
         )
     settle = (
         f"about {result.more_steps_per_run} more steady steps per run (or more runs) would settle it"
