@@ -9,6 +9,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -66,10 +67,18 @@ class GatedModel(TinyRegressor):
         return self.slow(self.net(x))
 
 
-def fit_run(output: Path, delay_s: float) -> Path:
+class SlowStart(pl.Callback):
+    """Sleeps 5 ms before each of the first 40 training batches: a slow start after the warmup."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step < 40:
+            time.sleep(0.005)
+
+
+def fit_run(output: Path, delay_s: float, *callbacks: pl.Callback) -> Path:
     config = ProfilerConfig.load(None, [f"output_dir={output}", *OVERRIDES])
     train, val = loaders(n_train=16 * STEPS)
-    trainer(build_callbacks(config), limit_val_batches=0).fit(GatedModel(delay_s), train, val)
+    trainer([*build_callbacks(config), *callbacks], limit_val_batches=0).fit(GatedModel(delay_s), train, val)
     return run_folders(output)[-1]
 
 
@@ -139,6 +148,18 @@ def test_two_runs_of_one_config_are_never_slower(tmp_path: Path, capsys: pytest.
     assert compare_command.run(gate(a, b, "--fail-if-slower", "5%")) in (0, 3)
     out = capsys.readouterr().out
     assert out.startswith(("NOT SLOWER", "INCONCLUSIVE")) and "A: 2 run(s)" in out, out
+
+
+@pytest.mark.slow
+def test_one_run_a_side_with_a_slow_start_is_never_slower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One run per side, B starting slowly: the verdict must hold against the drift the runs show, else it is
+    inconclusive and says what would settle it."""
+    a, b = fit_run(tmp_path / "a", 0.0), fit_run(tmp_path / "b", 0.0, SlowStart())
+    capsys.readouterr()
+    assert compare_command.run(gate(str(a), str(b), "--fail-if-slower", "5%")) in (0, 3)
+    verdict = capsys.readouterr().out.splitlines()[0]
+    assert verdict.startswith(("NOT SLOWER", "INCONCLUSIVE")), verdict
+    assert "NOT SLOWER" in verdict or "would settle it" in verdict or "sits on the threshold" in verdict
 
 
 def test_differences_that_move_step_time_are_listed_and_can_be_allowed(tmp_path: Path) -> None:
