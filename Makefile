@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (see README): `make demo` and `make test`.
-# CPU machines get the local CPU wheel of torch through constraints.txt.
+# Both install with constraints.txt: the torch version of the tests, from pip's configured indexes (README).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

@@ -183,3 +183,52 @@ def test_the_users_lightning_profiler_still_profiles_and_is_given_back(tmp_path:
     assert not isinstance(fit_trainer.profiler, LoopTimer)
     assert any("train_dataloader_next" in action for action in profiler.recorded_durations)
     assert not [callback for callback in fit_trainer.callbacks if type(callback).__name__.endswith("CallbackMark")]
+
+
+class SlowFirstSample(Dataset):
+    """Its first sample takes 0.3 s (a file opened on first use): the first fetch of every validation run."""
+
+    def __init__(self, size: int) -> None:
+        self.data = torch.randn(size, 8)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == 0:
+            time.sleep(0.3)
+        x = self.data[index]
+        return x, x.sum().reshape(1)
+
+
+def test_a_validation_runs_first_fetch_is_no_steps_data_wait(tmp_path: Path) -> None:
+    """Validation's clock starts at its first batch, after that batch's fetch: the fetch is in no step, so it is in
+    no step's data wait either (it read 266 ms of wait against 223 ms steps)."""
+    train, _ = loaders(n_train=16 * 20)
+    val = DataLoader(SlowFirstSample(16 * 3), batch_size=16)
+    run_dir = fit(tmp_path, build_callbacks(fast_config(tmp_path)), loaders=(train, val), max_steps=20)
+
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    wait_ms = metrics[names.summary_of(names.timing("val", "dataloader_wait_ms"))]["value"][-1]
+    step_ms = metrics[names.summary_of(names.VAL_STEP_MS)]["value"][-1]
+    assert wait_ms <= step_ms and wait_ms < 100
+
+
+def test_other_callbacks_are_named_by_class_and_no_workers_keep_nothing(tmp_path: Path) -> None:
+    """The row names a callback by its class, not by Lightning's state key (`ModelCheckpoint{'monitor': None, ...}`);
+    a DataLoader without workers has no `persistent_workers` figure (it read True: all() of nothing)."""
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=1)
+    train, _ = loaders(n_train=16 * 10)
+    run_dir = fit(
+        tmp_path,
+        [*build_callbacks(fast_config(tmp_path)), checkpoints],
+        loaders=(train, None),
+        max_steps=30,
+        max_epochs=3,
+        enable_checkpointing=True,
+    )
+    report = json.loads((run_dir / "report.json").read_text())["sections"]
+    row = report["Step time and memory"]["data"]["other callbacks between steps (sampled)"]
+    assert row.startswith("ModelCheckpoint ") and "{" not in row
+    throughput = report["Throughput"]["data"]
+    assert throughput["train/dataloader_workers"] == 0 and "train/persistent_workers" not in throughput

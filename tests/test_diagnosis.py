@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.summarize import summarize_folder
 from anemoi_profiler.layout import run_folders, window_summary_path
+from anemoi_profiler.reports import steady
 from anemoi_profiler.reports.diagnosis import (
     NotAssessed,
     Verdict,
@@ -80,21 +81,26 @@ def test_dataloader_bound_fires_with_the_share_of_step_time(wait_ms: float, seve
     assert "num_workers" in verdict.next_step and "pin_memory" in verdict.next_step
 
 
-def test_a_typical_interval_decides_not_one_the_profiler_slowed_down() -> None:
+def test_the_steady_figures_decide_not_an_interval_the_profiler_slowed_down() -> None:
     """The demo on an H200 (run folder of the device check): the first interval holds the memory snapshot dump
-    and the trace and timeline exports between batches, which the run's mean counts as data wait."""
-    run = run_with({"train/step_ms": 56.95, "train/dataloader_wait_ms": 48.54}, H200)
-    for key, values in {
-        names.TRAIN_STEP_MS: [285.6, 9.1, 8.5, 9.1, 9.9],
-        names.TRAIN_DATALOADER_WAIT_MS: [274.8, 1.4, 1.2, 1.3, 1.6],
-    }.items():
-        run.metrics[key] = {"step": [30, 55, 80, 105, 150], "value": values, "time": [0.0] * 5}
-    verdict = dataloader_bound(run)
+    and the trace and timeline exports between batches, which the run's mean counted as data wait. The steady
+    figures (what the callbacks write as `summary/...`) set that interval apart as a slow stretch."""
+    step_ms, wait_ms = [285.6, 9.1, 8.5, 9.1, 9.9], [274.8, 1.4, 1.2, 1.3, 1.6]
+    intervals = [
+        steady.Interval(
+            25 * (k + 1), 25, step * 25 / 1000, {names.TRAIN_STEP_MS: step, names.TRAIN_DATALOADER_WAIT_MS: wait}
+        )
+        for k, (step, wait) in enumerate(zip(step_ms, wait_ms, strict=True))
+    ]
+    split = steady.split(intervals)
+    assert split.slow == intervals[:1]
+    figures = steady.combined(split.steady)
+    verdict = dataloader_bound(
+        run_with({names.summary_of(key).removeprefix(names.SUMMARY): value for key, value in figures.items()}, H200)
+    )
     assert isinstance(verdict, Verdict)
     assert verdict.severity == "medium"  # not the 85% of the run's mean
-    assert verdict.value == (
-        "15% of training step time waits for data (1.4 of 9.1 ms per batch, median of 5 log intervals)"
-    )
+    assert verdict.value == "15% of training step time waits for data (1.4 of 9.2 ms per batch, steady state)"
 
 
 def test_dataloader_quiet_below_threshold_and_not_assessed_without_step_times() -> None:
@@ -275,11 +281,18 @@ def test_slow_rank_is_not_told_apart_from_the_profilers_start_up_when_most_steps
 
 
 def intervals(series: dict[str, list[float]], last: dict[str, float]) -> dict[str, Any]:
-    """Per-interval metrics as a run folder has them, with end-of-run summaries."""
+    """Per-interval metrics as a run folder has them (4 batches an interval), with end-of-run summaries: `last`,
+    and the steady figures the callbacks make of the intervals (`reports.steady`)."""
     metrics = {
         key: {"step": [4 * (i + 1) for i in range(len(values))], "value": values, "time": [0.0] * len(values)}
         for key, values in series.items()
     }
+    step_ms = series[names.TRAIN_STEP_MS]
+    logged = [
+        steady.Interval(4 * (i + 1), 4, 4 * ms / 1000, {key: values[i] for key, values in series.items()})
+        for i, ms in enumerate(step_ms)
+    ]
+    last = {**{names.summary_of(k): v for k, v in steady.combined(steady.split(logged).steady).items()}, **last}
     return {**metrics, **{key: {"step": [20], "value": [value], "time": [0.0]} for key, value in last.items()}}
 
 
@@ -288,14 +301,14 @@ def test_slow_rank_is_not_told_apart_from_noise_when_the_step_time_itself_swings
     the step time swung from 3.4 to 8.8 ms between log intervals."""
     noisy = intervals(
         {
-            names.TRAIN_STEP_MS: [3.35, 5.80, 8.78, 3.51, 5.74],
-            names.TRAIN_STRAGGLER_MS: [0.06, 0.12, 1.09, 0.61, 0.78],
+            names.TRAIN_STEP_MS: [3.35, 5.80, 8.50, 3.51, 5.74],
+            names.TRAIN_STRAGGLER_MS: [0.30, 0.50, 1.09, 0.61, 0.78],
         },
         {names.SUMMARY_TRAIN_SLOWEST_RANK: 1.0},
     )
     outcome = slow_rank(RunData(Path("run"), metrics=noisy, environment=TWO_HOSTS, hta={"metrics": {}}))
     assert isinstance(outcome, NotAssessed)
-    assert outcome.reason.startswith("the other ranks waited 11% of a step for rank 1 on node-b, less than")
+    assert outcome.reason.startswith("the other ranks waited 12% of a step for rank 1 on node-b, less than")
     assert "(2.2 ms): not told apart from noise" in outcome.reason
     # the same wait on a steady step time is a slow rank
     steady = intervals(
@@ -406,7 +419,9 @@ def test_diagnosis_section_lists_each_verdict_with_its_next_step(tmp_path: Path)
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
     section = render_section(assess(load_run(tmp_path)))
     lines = [row[0] for row in section.rows]
-    assert lines[0] == "[high] dataloader-bound: 75% of training step time waits for data (30.0 of 40.0 ms per batch)"
+    assert lines[0] == (
+        "[high] dataloader-bound: 75% of training step time waits for data (30.0 of 40.0 ms per batch, steady state)"
+    )
     assert lines[2].startswith("    Next: Raise the DataLoader's num_workers")
     assert section.data["verdicts"][0]["name"] == "dataloader-bound"
 

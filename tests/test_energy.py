@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
 from anemoi_profiler.measure.energy import EnergyShare, EnergyTally
 from anemoi_profiler.measure.nvidia import NO_ENERGY_COUNTER, NvidiaGpuResource
-from anemoi_profiler.measure.powercap import CpuPackageEnergy
+from anemoi_profiler.measure.powercap import CpuPackageEnergy, why_no_cpu_energy
 from tests.helpers.fake_gpus import FakeGpu, NVMLError, fake_nvml
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -146,10 +147,18 @@ def test_unreadable_or_absent_rapl_gives_no_cpu_energy_and_says_why(
             return real_read(path, *args, **kwargs)
 
         monkeypatch.setattr(Path, "read_text", root_only)
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
         assert CpuPackageEnergy.readable(root) is None
+        assert "root only since Linux 5.10: run as root" in why_no_cpu_energy(root)
+        monkeypatch.setattr(os, "geteuid", lambda: 0)  # root is never told that the counters are root's only
+        assert CpuPackageEnergy.readable(root) is None
+        assert "is not readable, even by root (" in why_no_cpu_energy(root)
+        assert "root only" not in why_no_cpu_energy(root)
     messages = [record.getMessage() for record in caplog.records]
     assert any("no RAPL package zones" in message for message in messages)
     assert any("is not readable" in message and "root only since Linux 5.10" in message for message in messages)
+    assert any("even by root" in message for message in messages)
+    assert why_no_cpu_energy(tmp_path / "no-powercap").startswith("no RAPL package zone in")
 
 
 # ---- the tally and the job's figures ----
@@ -194,7 +203,7 @@ def test_job_figures_say_not_available_and_why() -> None:
     summary, notes = EnergyShare.total([missing.to_list()]).figures(10.0, [NO_ENERGY_COUNTER])
     assert names.SUMMARY_GPU_KWH not in summary
     assert notes[0] == f"GPU energy: not available (1 of 2 GPUs have no energy counter: {NO_ENERGY_COUNTER})."
-    assert notes[-1].startswith("CPU package energy: not available (no readable RAPL package counter")
+    assert notes[-1].startswith("CPU package energy: not available (")
 
     short = EnergyShare(nodes=1, gpus=1, gpu_counters=1, gpu_joules=10.0, no_steady_interval=1, samples=5)
     summary, notes = short.figures(30.0, [])

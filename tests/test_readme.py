@@ -1,4 +1,5 @@
-"""README's "Use it with your Trainer" snippet runs as written, and writes only below the folder it names."""
+"""The snippets a new user copies first, README's "Use it with your Trainer" and docs/index.md's "In your own
+training", run as written in an empty folder and write only below the folder they name."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from anemoi_profiler import names
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The snippet leaves the model, its data and profiler.yaml to the reader: a tiny model whose batches have the
-# "tokens" its length_fn counts, the simple preset's YAML, and a Trainer cut to a few steps.
+# The snippets leave the model and its data to the reader: a tiny model whose batches have the "tokens" README's
+# length_fn counts, and a Trainer cut to a few steps.
 HARNESS = """
 import sys
 import lightning as L
@@ -45,21 +46,27 @@ make_model, make_datamodule = Model, Data
 """
 
 
-def readme_snippet() -> str:
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"## Use it with your Trainer.*?```python\n(.*?)```", readme, re.DOTALL)
-    assert found, "README.md has no Python snippet under 'Use it with your Trainer'"
+SNIPPETS = {
+    "README": (REPO / "README.md", r"## Use it with your Trainer.*?```python\n(.*?)```"),
+    "docs/index.md": (REPO / "docs" / "index.md", r"In your own training:.*?```python\n(.*?)```"),
+}
+
+
+def snippet(name: str) -> str:
+    path, pattern = SNIPPETS[name]
+    found = re.search(pattern, path.read_text(), re.DOTALL)
+    assert found, f"{path.name} has no Python snippet where {pattern!r} looks"
     return found.group(1)
 
 
 @pytest.mark.slow
-def test_readme_snippet_writes_only_below_its_folder(tmp_path: Path) -> None:
-    snippet = readme_snippet()
-    assert '"profiler.yaml"' in snippet and "L.Trainer(" in snippet
-    snippet = snippet.replace('"profiler.yaml"', repr(str(REPO / "examples" / "simple.yaml")))
-    snippet = snippet.replace("L.Trainer(", "L.Trainer(max_steps=30, enable_progress_bar=False, ")
+@pytest.mark.parametrize("name", list(SNIPPETS))
+def test_the_snippet_runs_in_an_empty_folder_and_writes_only_below_its_folder(name: str, tmp_path: Path) -> None:
+    code = snippet(name)
+    assert "L.Trainer(" in code and "profiler.yaml" not in code  # a preset: no file the user does not have
+    code = code.replace("L.Trainer(", "L.Trainer(max_steps=30, enable_progress_bar=False, ")
     script = tmp_path / "snippet.py"
-    script.write_text(HARNESS + snippet)
+    script.write_text(HARNESS + code)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}

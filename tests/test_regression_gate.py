@@ -9,6 +9,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -66,10 +67,18 @@ class GatedModel(TinyRegressor):
         return self.slow(self.net(x))
 
 
-def fit_run(output: Path, delay_s: float) -> Path:
+class SlowStart(pl.Callback):
+    """Sleeps 5 ms before each of the first 40 training batches: a slow start after the warmup."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step < 40:
+            time.sleep(0.005)
+
+
+def fit_run(output: Path, delay_s: float, *callbacks: pl.Callback) -> Path:
     config = ProfilerConfig.load(None, [f"output_dir={output}", *OVERRIDES])
     train, val = loaders(n_train=16 * STEPS)
-    trainer(build_callbacks(config), limit_val_batches=0).fit(GatedModel(delay_s), train, val)
+    trainer([*build_callbacks(config), *callbacks], limit_val_batches=0).fit(GatedModel(delay_s), train, val)
     return run_folders(output)[-1]
 
 
@@ -141,6 +150,18 @@ def test_two_runs_of_one_config_are_never_slower(tmp_path: Path, capsys: pytest.
     assert out.startswith(("NOT SLOWER", "INCONCLUSIVE")) and "A: 2 run(s)" in out, out
 
 
+@pytest.mark.slow
+def test_one_run_a_side_with_a_slow_start_is_never_slower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One run per side, B starting slowly: the verdict must hold against the drift the runs show, else it is
+    inconclusive and says what would settle it."""
+    a, b = fit_run(tmp_path / "a", 0.0), fit_run(tmp_path / "b", 0.0, SlowStart())
+    capsys.readouterr()
+    assert compare_command.run(gate(str(a), str(b), "--fail-if-slower", "5%")) in (0, 3)
+    verdict = capsys.readouterr().out.splitlines()[0]
+    assert verdict.startswith(("NOT SLOWER", "INCONCLUSIVE")), verdict
+    assert "NOT SLOWER" in verdict or "would settle it" in verdict or "sits on the threshold" in verdict
+
+
 def test_differences_that_move_step_time_are_listed_and_can_be_allowed(tmp_path: Path) -> None:
     def run(name: str, world_size: int, torch_version: str, **env: Any) -> RunData:
         environment = {"world_size": world_size, "packages": {"torch": torch_version}, "devices": [], **env}
@@ -182,12 +203,18 @@ def test_a_rate_is_tested_as_time_per_sample(tmp_path: Path) -> None:
         metrics = {names.TRAIN_SAMPLES_PER_SEC: {"step": list(range(30)), "value": values}}
         return RunData(tmp_path / name, metrics=metrics)
 
-    a, b = run("a", 1000.0), run("b", 800.0)  # 20 % fewer samples/s: each sample takes 25 % longer
-    verdict = run_gate([a], [b], 5.0, metric="throughput")
+    # 20 % fewer samples/s: each sample takes 25 % longer; two runs a side, whose medians bound the drift
+    a, b = [run("a1", 1000.0), run("a2", 1010.0)], [run("b1", 800.0), run("b2", 795.0)]
+    verdict = run_gate(a, b, 5.0, metric="throughput")
     assert verdict.exit_code == 1 and verdict.result is not None
     assert verdict.result.estimate_pct == pytest.approx(25.0, abs=3.0)
     assert verdict_lines(verdict)[0].startswith("SLOWER: training samples/s +")
-    assert run_gate([b], [a], 5.0, metric="throughput").exit_code == 0
+    assert run_gate(b, a, 5.0, metric="throughput").exit_code == 0
+    # One run a side cannot tell 25 % from the drift between runs: inconclusive, with the runs that would settle it.
+    single = run_gate(a[:1], b[:1], 5.0, metric="throughput")
+    assert single.exit_code == 3
+    assert "runs per side, interleaved (A, B, A, B), would settle it" in verdict_lines(single)[0]
+    a, b = a[0], b[0]
     with pytest.raises(GateInputError, match=r"has no throughput/train/items_per_sec in metrics\.json"):
         run_gate([a], [b], 5.0, metric="items")
 

@@ -56,3 +56,18 @@ def test_summarize_names_a_missing_folder_and_exits_1(tmp_path: Path, capsys: py
     (tmp_path / "rank0.json").write_text('{"traceEvents": [')
     assert main(["summarize", str(tmp_path)]) == 1
     assert "cut short" in capsys.readouterr().err
+
+
+def test_summarize_skips_a_json_file_that_is_no_trace_with_a_line(
+    fixtures_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HTA's outputs or a user's notes beside the traces: each skipped with a line, the traces still summarised."""
+    folder = tmp_path / "traces"
+    shutil.copytree(fixtures_dir / "traces" / "hta_sampled_2rank", folder)
+    (folder / "notes.json").write_text('{"note": "the run with the new sampler"}')
+    (folder / "overlap.json").write_text("[[0, 55.2], [1, 52.9]]")
+    assert main(["summarize", str(folder)]) == 0
+    captured = capsys.readouterr()
+    assert "(2 ranks)" in captured.out
+    skipped = [line for line in captured.err.splitlines() if line.startswith("anemoi-profiler summarize: skipping")]
+    assert len(skipped) == 2 and "notes.json" in skipped[0] and "overlap.json" in skipped[1]

@@ -27,6 +27,12 @@ def with_epoch_starts(metric: str) -> str:
     return summary_of(metric) + "_with_epoch_starts"
 
 
+def slow_stretch(stage: str, name: str) -> str:
+    """`summary/<stage>/slow_stretch_<name>`: the log intervals that the steady figures set apart (`reports.steady`):
+    `s`, `share` (of the stage's measured time), `samples_per_sec`."""
+    return summary(f"{stage}/slow_stretch_{name}")
+
+
 def throughput(stage: str, name: str) -> str:
     """`throughput/<stage>/<name>`: global rates (`device/<name>` for this rank's device)."""
     return f"{THROUGHPUT}{stage}/{name}"

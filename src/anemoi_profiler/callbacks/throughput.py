@@ -20,6 +20,7 @@ from .. import names
 from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
+from ..reports import steady
 from ..run import lightning_private, trainer_info
 from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
@@ -63,6 +64,8 @@ class ThroughputCallback(StageCallback):
             import_function(options.batch_size_fn) if options.batch_size_fn else None
         )
         self._warned: set[str] = set()
+        self.intervals: dict[str, list[steady.Interval]] = {stage: [] for stage in STAGES}
+        """Rank 0's log intervals with the rates logged for each: the steady figures are made of them."""
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_session_start(trainer, pl_module)
@@ -178,8 +181,14 @@ class ThroughputCallback(StageCallback):
             return
         for lap, seconds in laps:
             self.session.log_metrics(self._device_rates(stage, lap.batches, lap.samples, lap.items, seconds), lap.step)
+        batches, seconds = sum(lap.batches for lap, _ in laps), sum(seconds for _, seconds in laps)
+        samples, items = sum(lap.samples for lap, _ in laps), sum(lap.items for lap, _ in laps)
+        figures = self._device_rates(stage, batches, samples, items, seconds)
         if ranks:
-            self.session.log_metrics(self._global_rates(stage, ranks) | _slowest_rank(stage, ranks), laps[-1][0].step)
+            global_rates = self._global_rates(stage, ranks)
+            figures |= global_rates
+            self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), laps[-1][0].step)
+        self.intervals[stage].append(steady.Interval(laps[-1][0].step, batches, seconds, figures))
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
@@ -221,12 +230,16 @@ class ThroughputCallback(StageCallback):
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
-        gathered = {stage: self.gathered_totals(stage) for stage in STAGES}
+        gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
         for stage, ranks in gathered.items():
-            totals = self.totals[stage]
-            rates = self._global_rates(stage, ranks)
-            if totals.elapsed_s > 0:
-                rates.update(self._device_rates(stage, totals.batches, totals.samples, totals.items, totals.elapsed_s))
+            split = steady.split(self.intervals[stage])
+            seen = self.clock.train_batches_seen
+            if stage == "train" and seen and not split.steady:
+                warmup = self.config.throughput.warmup_steps
+                values["train/samples_per_sec"] = (f"{steady.NOT_ENOUGH} ({seen} batches, warmup {warmup})", "")
+            rates = steady.combined(split.steady)
+            if split.slow:
+                self._slow_stretch_figures(stage, split, values, summary)
             for key, value in rates.items():
                 name = key.removeprefix(names.THROUGHPUT)
                 summary[names.summary_of(key)] = value
@@ -239,6 +252,8 @@ class ThroughputCallback(StageCallback):
                 values[key.removeprefix(names.THROUGHPUT)] = (int(value), "")
             if rates and ranks:
                 values[f"{stage}/measured_batches"] = (int(sum(r.batches for r in ranks)), "")
+                if split.slow:
+                    values[f"{stage}/steady_batches"] = (int(split_batches(split.steady)), "")
         if self.flops_per_sample:
             values["train/flops_per_sample"] = (self.flops_per_sample, "FLOP")
         epoch_start_note = self._epoch_start_figures(trainer, gathered["train"], values, summary)
@@ -246,8 +261,9 @@ class ThroughputCallback(StageCallback):
             return [], {}
         parallelism = self.session.parallelism
         notes = [
-            f"Steady state: after {self.config.throughput.warmup_steps} warmup batches, validation excluded from "
-            f"training time. Global: every rank's rate summed over {self.world_size} rank(s), each of the "
+            f"Rates: {steady.DEFINITION} (warmup: {self.config.throughput.warmup_steps} training batches; validation "
+            f"and the profiler's own work not in training time). Global: every rank's rate summed over "
+            f"{self.world_size} rank(s), each of the "
             f"{parallelism.data_parallel_size} data-parallel replica(s) of {parallelism.ranks_per_replica} rank(s) "
             f"counted once ({parallelism.source}); device: rank {self.session.global_rank}."
         ]
@@ -273,6 +289,25 @@ class ThroughputCallback(StageCallback):
                 "compiled graphs compute); the rates and MFU are the compiled steps'."
             )
         return [ReportSection.key_values("Throughput", values, " ".join(notes))], summary
+
+    def _slow_stretch_figures(
+        self, stage: str, split: steady.Split, values: dict[str, tuple[Any, str]], summary: dict[str, float]
+    ) -> None:
+        """The slow stretches' own figures: their seconds, their share of the stage's measured time, their rate."""
+        slow_s = sum(interval.seconds for interval in split.slow)
+        share = slow_s / (slow_s + sum(interval.seconds for interval in split.steady))
+        figures = {"s": slow_s, "share": share}
+        rate = steady.combined(split.slow).get(names.throughput(stage, "samples_per_sec"))
+        if rate:
+            figures["samples_per_sec"] = rate
+        for name, value in figures.items():
+            summary[names.slow_stretch(stage, name)] = value
+        steps = steady.stretch_steps(split.slow)
+        values[f"{stage}/slow_stretch_intervals"] = (f"{len(split.slow)} (ending at step {steps})", "")
+        values[f"{stage}/slow_stretch_s"] = (slow_s, "s")
+        values[f"{stage}/slow_stretch_share"] = (share * 100, "%")
+        if rate:
+            values[f"{stage}/slow_stretch_samples_per_sec"] = (rate, "/s")
 
     def _epoch_start_figures(
         self, trainer: Any, ranks: list[RankTotals], values: dict[str, tuple[Any, str]], summary: dict[str, float]
@@ -304,7 +339,8 @@ class ThroughputCallback(StageCallback):
         workers = trainer_info.train_dataloader_workers(trainer)
         if workers is not None:
             values["train/dataloader_workers"] = (workers[0], "")
-            values["train/persistent_workers"] = (workers[1], "")
+            if workers[0]:  # without worker processes there is nothing to keep
+                values["train/persistent_workers"] = (workers[1], "")
         longest = " (the rank with the longest: the others wait for it)" if len(ranks) > 1 else ""
         return (
             f"Epoch starts are not in the steady rates and step times: from each epoch's start (on_train_epoch_start) "
@@ -365,6 +401,10 @@ class _StepFlops:
             active, self._active = self._active, None
             active.close()
             self._total = int(self._counter.get_total_flops())
+
+
+def split_batches(intervals: list[steady.Interval]) -> float:
+    return sum(interval.batches for interval in intervals)
 
 
 def _slowest_rank(stage: str, ranks: list[RankTotals]) -> dict[str, float]:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..reports.compare import REGRESSION_THRESHOLD_PCT, compare_runs, format_text, render_html
-from ..reports.gate import GateError
+from ..reports.gate import DRIFT_FLOOR_PCT, GateError
 from ..reports.regression_gate import (
     METRICS,
     GateInputError,
@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help="gate: compare although the runs differ in KEY (e.g. torch, world_size, config.profiler); repeatable",
     )
+    parser.add_argument(
+        "--drift-floor",
+        type=_percent,
+        default=DRIFT_FLOOR_PCT,
+        metavar="PCT",
+        help="gate, one run per side: the least drift between runs of one configuration to assume, as the standard "
+        f"deviation of a run's median step (default: {DRIFT_FLOOR_PCT:g}%%; see docs/regression-gate.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
     parser.add_argument("--tracking-uri", help="MLflow to download runs from (default: $MLFLOW_TRACKING_URI)")
 
@@ -81,7 +89,13 @@ def run(args: argparse.Namespace) -> int:
             comparison = compare_runs(a_runs[0], b_runs[0], args.threshold)
             verdict = (
                 run_gate(
-                    a_runs, b_runs, args.fail_if_slower, args.metric, args.allow_mismatch, args.fail_if_more_memory
+                    a_runs,
+                    b_runs,
+                    args.fail_if_slower,
+                    args.metric,
+                    args.allow_mismatch,
+                    args.fail_if_more_memory,
+                    args.drift_floor,
                 )
                 if gating
                 else None

@@ -57,9 +57,16 @@ def summarize_target(target: Path) -> dict[str, WindowTable]:
 
 
 def summarize_folder(folder: Path) -> WindowTable:
+    """The folder's traces, rank by rank; a JSON file that is no trace (HTA's output, notes) is skipped with a line."""
     summaries: dict[int, WindowSummary] = {}
     for index, path in enumerate(trace_files_in(folder)):
+        try:
+            summary = summarize(read_window_events(path))
+        except TraceReadError as error:
+            print(f"anemoi-profiler summarize: skipping {path}: {' '.join(str(error).split())}", file=sys.stderr)
+            continue
         rank = trace_rank(path)
-        rank = index if rank is None or rank in summaries else rank
-        summaries[rank] = summarize(read_window_events(path))
+        summaries[index if rank is None or rank in summaries else rank] = summary
+    if not summaries:
+        raise NoTracesError(f"no readable trace in {folder}")
     return WindowTable.of(summaries)

@@ -14,12 +14,12 @@ from collections import defaultdict
 from dataclasses import astuple, dataclass
 
 from .. import names
+from .powercap import why_no_cpu_energy
 
 GPU_ENERGY = re.compile(r"^gpu_\d+_energy_joules$")
 CPU_ENERGY = "cpu_energy_joules"
 JOULES_PER_KWH = 3.6e6
 SHARED_GPU_CAVEAT = "a GPU shared with other jobs counts their energy too"
-NO_CPU_ENERGY = "not available (no readable RAPL package counter in /sys/class/powercap: root only since Linux 5.10)"
 
 
 def is_gpu_energy(name: str) -> bool:
@@ -121,5 +121,5 @@ class EnergyShare:
         if self.nodes and self.cpu_counters == self.nodes:
             summary[names.SUMMARY_CPU_KWH] = self.cpu_joules / JOULES_PER_KWH
         elif self.nodes:
-            notes.append(f"CPU package energy: {NO_CPU_ENERGY}.")
+            notes.append(f"CPU package energy: not available ({why_no_cpu_energy()}).")
         return summary, notes

@@ -9,6 +9,7 @@ The figure is the whole node's, whatever else runs on it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -32,20 +33,13 @@ class CpuPackageEnergy(SystemResource):
     @classmethod
     def readable(cls, root: Path = POWERCAP_ROOT) -> CpuPackageEnergy | None:
         """The packages under `root` whose counters this process can read, or None (saying why, once)."""
-        zones = sorted(
-            zone
-            for zone in (root.iterdir() if root.is_dir() else [])
-            if _PACKAGE_ZONE.match(zone.name) and _zone_name(zone).startswith("package")
-        )
+        zones = _package_zones(root)
         if not zones:
             LOGGER.info("No CPU energy: no RAPL package zones under %s.", root)
             return None
-        try:
-            for zone in zones:
-                _read_int(zone / "energy_uj")
-                _read_int(zone / "max_energy_range_uj")
-        except (OSError, ValueError) as error:
-            LOGGER.info("No CPU energy: %s is not readable (%s; root only since Linux 5.10).", zone, error)
+        reason = _unreadable(zones)
+        if reason:
+            LOGGER.info("No CPU energy: %s.", reason)
             return None
         return cls(zones)
 
@@ -66,6 +60,36 @@ def _zone_name(zone: Path) -> str:
         return (zone / "name").read_text().strip()
     except OSError:
         return ""
+
+
+def why_no_cpu_energy(root: Path = POWERCAP_ROOT) -> str:
+    """Why this node has no CPU package energy, for the report's note: the cause as it is for this process."""
+    zones = _package_zones(root)
+    if not zones:
+        return f"no RAPL package zone in {root} (a virtual machine, or a CPU without RAPL)"
+    return _unreadable(zones) or f"the RAPL counters in {root} are readable here, but not on every node"
+
+
+def _package_zones(root: Path) -> list[Path]:
+    return sorted(
+        zone
+        for zone in (root.iterdir() if root.is_dir() else [])
+        if _PACKAGE_ZONE.match(zone.name) and _zone_name(zone).startswith("package")
+    )
+
+
+def _unreadable(zones: list[Path]) -> str:
+    """'' when every zone's counters can be read; else which one cannot, and why as this process sees it: Linux
+    >= 5.10 lets only root read them, so root is told the error itself, never that it must be root."""
+    for zone in zones:
+        try:
+            _read_int(zone / "energy_uj")
+            _read_int(zone / "max_energy_range_uj")
+        except (OSError, ValueError) as error:
+            if os.geteuid() == 0:
+                return f"{zone} is not readable, even by root ({error})"
+            return f"{zone} is not readable ({error}; root only since Linux 5.10: run as root, or ask for read access)"
+    return ""
 
 
 def _read_int(path: Path) -> int:

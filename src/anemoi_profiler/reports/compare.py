@@ -38,8 +38,8 @@ COMPARED: tuple[tuple[str, str, str, bool], ...] = (
     (names.PEAK_RESERVED_MB, "peak reserved (GPU)", "MB", False),
     (names.CPU_RSS_MB, "process RSS (CPU)", "MB", False),
 )
-"""Metrics compared: key, label, unit, whether higher is better. Rates and times as the median log interval
-has them (`RunData.typical`: an interval slowed by a trace export does not decide), memory at its peak."""
+"""Metrics compared: key, label, unit, whether higher is better. Rates and times at the run's steady state, as its
+console, report and MLflow summary show them (`RunData.steady`), memory at its peak."""
 OVERLAID = {names.TRAIN_SAMPLES_PER_SEC: "Training samples/s", names.TRAIN_STEP_MS: "Training step ms"}
 """Metrics drawn for both runs over the steps on the HTML page."""
 _CONTEXT = ("model", "device", "world size", "precision", "strategy", "versions")
@@ -168,7 +168,7 @@ def _shorten(name: str) -> str:
 
 
 def _value(run: RunData, key: str) -> float | None:
-    value = run.summary(key) if key.startswith(names.MEMORY) else run.typical(key)
+    value = run.summary(key) if key.startswith(names.MEMORY) else run.steady(key)
     return value * 100 if value is not None and key.endswith("mfu") else value
 
 

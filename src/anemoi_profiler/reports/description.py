@@ -10,6 +10,7 @@ from .. import names
 from ..report import format_value
 from .diagnosis import NotAssessed, Outcome, fired
 from .run_data import RunData
+from .steady import LABEL
 
 HEADING = "**anemoi-profiler: what limits this run**"
 WINDOWS_SECTION = "Profiling windows"
@@ -21,13 +22,13 @@ KEY_FIGURES = {
     names.TRAIN_STEP_MS: ("training step", "ms"),
     names.TRAIN_DATALOADER_WAIT_MS: ("dataloader wait", "ms"),
 }
-"""Per-interval metrics shown as a typical interval has them (what the diagnosis reads too)."""
+"""Per-interval metrics shown at the run's steady state (`reports.steady`; what the diagnosis reads too)."""
 
 
 def key_figures(run: RunData) -> dict[str, str]:
-    """The headline figures that the run has: rates and times of the median log interval, MFU, peak memory."""
-    values = {label: format_value(run.typical(key), unit) for key, (label, unit) in KEY_FIGURES.items()}
-    mfu = run.typical(names.TRAIN_MFU)
+    """The headline figures that the run has: steady-state rates and times (`reports.steady`), MFU, peak memory."""
+    values = {label: format_value(run.steady(key), unit) for key, (label, unit) in KEY_FIGURES.items()}
+    mfu = run.steady(names.TRAIN_MFU)
     values["MFU"] = f"{mfu * 100:.2g}%" if mfu is not None else "n/a"
     values["peak allocated (GPU)"] = format_value(run.summary(names.PEAK_ALLOCATED_MB), "MB")
     return {label: value for label, value in values.items() if value != "n/a"}
@@ -52,7 +53,7 @@ def run_description(run: RunData, outcomes: dict[str, Outcome], report_location:
         lines.append(f"No limiter found (checked with data: {', '.join(checked) or 'none'}).")
     figures = key_figures(run)
     if figures:
-        lines += ["", "Median log interval: " + " · ".join(f"{label} **{md(v)}**" for label, v in figures.items())]
+        lines += ["", f"{LABEL.capitalize()}: " + " · ".join(f"{label} **{md(v)}**" for label, v in figures.items())]
     triggered = triggered_windows(run)
     if triggered:
         lines += ["", "Profiling windows opened by a trigger or a request: " + "; ".join(map(md, triggered)) + "."]

@@ -3,8 +3,8 @@
 The anchor tools show measurements (Lightning's throughput, MLflow's system metrics, HTA's breakdowns) and
 leave the conclusion to the reader; this draws it. Pure functions over `RunData` (read back from the run
 folder), so the end-of-run report, `anemoi-profiler report` and the tests give the same answer. Every
-threshold is a module constant, listed in docs/reports.md. Step times, data wait and MFU are those of a
-typical log interval (`RunData.typical`): an interval in which the profiler exported a trace does not decide.
+threshold is a module constant, listed in docs/reports.md. Step times, data wait and MFU are the steady-state figures
+(`RunData.steady`, `reports.steady`): a slow stretch, such as a slow start, does not decide; it has a check of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from ..report import ReportSection
 from .epoch_starts import slow_epoch_starts
 from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
 from .postmortem import postmortems
-from .run_data import TYPICAL_MIN_INTERVALS, RunData
+from .run_data import RunData
+from .slow_stretch import slow_stretches
 
 TITLE = "Diagnosis"
 
@@ -50,11 +51,13 @@ that a wait below `STRAGGLER_SHARE_HIGH` must pass to be told apart from the nod
 DATA_EXPLAINS_STRAGGLER = 0.5
 """Share of the straggler's lead that its own extra data wait must cover to be named as the cause."""
 STARTUP_COVERS_TYPICAL = 0.5
-"""Share of the measured training that ran beside the profiler's own start-up from which the typical (median)
-log interval did too: a wait below `STRAGGLER_SHARE_HIGH` is then not told apart from that start-up's cost."""
+"""Share of the measured training that ran beside the profiler's own start-up from which the steady figures did
+too: a wait below `STRAGGLER_SHARE_HIGH` is then not told apart from that start-up's cost."""
 CALLBACKS_SHARE = 0.15
 """Share of training step time in other callbacks' batch hooks between the steps above which they slow it."""
 CALLBACKS_SHARE_HIGH = 0.40
+SPREAD_MIN_INTERVALS = 3
+"""Fewer log intervals than this give no spread of the step time."""
 MEMORY_NEAR_LIMIT = 0.90
 """Peak reserved (or allocated) memory over device memory above which the run is near out-of-memory."""
 MEMORY_HEADROOM = 0.50
@@ -68,28 +71,26 @@ MFU_VERY_LOW = 0.10
 
 def dataloader_bound(run: RunData) -> Outcome:
     """On the measured fetch time; with several ranks the rank that waits longest, which sets everyone's pace."""
-    step_ms = run.typical(names.TRAIN_STEP_MS)
+    step_ms = run.steady(names.TRAIN_STEP_MS)
     if not step_ms:
         return NotAssessed("no training step times: timing off, or no batch after the warmup")
-    wait_ms, where = run.typical(names.TRAIN_DATALOADER_WAIT_MS_MAX), ""
+    wait_ms, where = run.steady(names.TRAIN_DATALOADER_WAIT_MS_MAX), ""
     if wait_ms is not None:
         rank = run.last(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)
         where = f" on rank {rank:.0f}" if rank is not None else ""
     else:
-        wait_ms = run.typical(names.TRAIN_DATALOADER_WAIT_MS)
+        wait_ms = run.steady(names.TRAIN_DATALOADER_WAIT_MS)
     if wait_ms is None:
         return NotAssessed("the fetch from the dataloader was not timed (see docs/metrics.md)")
     share = wait_ms / step_ms
     if share < DATALOADER_WAIT_SHARE:
         return None
-    intervals = len(run.series(names.TRAIN_STEP_MS)[1])
-    source = f", median of {intervals} log intervals" if intervals >= TYPICAL_MIN_INTERVALS else ""
     return Verdict(
         "dataloader-bound",
         "dataloader-bound",
         "high" if share >= DATALOADER_WAIT_SHARE_HIGH else "medium",
         f"{share:.0%} of training step time waits for data{where} ({wait_ms:.1f} of {step_ms:.1f} ms per "
-        f"batch{source})",
+        "batch, steady state)",
         "The training loop waits for the next batch: the input pipeline, not the model, sets the pace.",
         "Raise the DataLoader's num_workers (about one per free CPU core), set pin_memory=True and "
         "persistent_workers=True (prefetch_factor for bursty loading); move decoding and augmentation out of "
@@ -118,7 +119,7 @@ def host_bound(run: RunData) -> Outcome:
         )
         threshold = HOST_WAIT_SHARE
     else:
-        busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.typical(names.TRAIN_STEP_MS)
+        busy_ms, step_ms = run.device_busy_ms_per_step("train"), run.steady(names.TRAIN_STEP_MS)
         if busy_ms is None or not step_ms:
             return NotAssessed("no idle breakdown (HTA, window summary) and no device times in the time report")
         waiting = 1.0 - busy_ms / step_ms
@@ -175,7 +176,7 @@ def communication_bound(run: RunData) -> Outcome:
 
 def callback_bound(run: RunData) -> Outcome:
     """Other callbacks' batch hooks between the steps (EMA, image logging, a checkpoint every step)."""
-    step_ms, callbacks_ms = run.typical(names.TRAIN_STEP_MS), run.typical(names.TRAIN_CALLBACKS_MS)
+    step_ms, callbacks_ms = run.steady(names.TRAIN_STEP_MS), run.steady(names.TRAIN_CALLBACKS_MS)
     if not step_ms or callbacks_ms is None:
         return NotAssessed("no callback times: timing off, or no batch after the warmup")
     share = callbacks_ms / step_ms
@@ -199,12 +200,12 @@ def callback_bound(run: RunData) -> Outcome:
 
 def slow_rank(run: RunData) -> Outcome:
     """The rank the others wait for, from each rank's wait per optimizer step (see docs/metrics.md)."""
-    straggler_ms = run.typical(names.TRAIN_STRAGGLER_MS)
+    straggler_ms = run.steady(names.TRAIN_STRAGGLER_MS)
     if straggler_ms is None:
         ranks = (run.sections.get("Ranks") or {}).get("data") or {}
         assessed = str(ranks.get("collective wait") or "")
         return NotAssessed(assessed.removeprefix("not assessed: ") if assessed.startswith("not") else "one rank")
-    step_ms = run.typical(names.TRAIN_STEP_MS) or 0.0
+    step_ms = run.steady(names.TRAIN_STEP_MS) or 0.0
     accumulate = int(run.environment.get("accumulate_grad_batches") or 1)
     optimizer_step_ms = step_ms * accumulate
     share = straggler_ms / optimizer_step_ms if optimizer_step_ms else 0.0
@@ -216,7 +217,7 @@ def slow_rank(run: RunData) -> Outcome:
     if rank is not None and int(rank) < len(hosts):
         which += f" on {hosts[int(rank)]}"
     data_rank = run.last(names.SUMMARY_TRAIN_DATALOADER_SLOWEST_RANK)
-    data_max, data_mean = run.typical(names.TRAIN_DATALOADER_WAIT_MS_MAX), run.typical(names.TRAIN_DATALOADER_WAIT_MS)
+    data_max, data_mean = run.steady(names.TRAIN_DATALOADER_WAIT_MS_MAX), run.steady(names.TRAIN_DATALOADER_WAIT_MS)
     world = int(run.environment.get("world_size") or 2)
     extra_data_ms = (data_max - data_mean) * world / (world - 1) * accumulate if data_max and data_mean else 0.0
     by_data = data_rank == rank and extra_data_ms >= DATA_EXPLAINS_STRAGGLER * straggler_ms
@@ -259,7 +260,7 @@ def slow_rank(run: RunData) -> Outcome:
 def _step_spread_ms(run: RunData) -> float:
     """The median absolute deviation of the training step time over the log intervals; 0 with too few of them."""
     values = run.series(names.TRAIN_STEP_MS)[1]
-    if len(values) < TYPICAL_MIN_INTERVALS:
+    if len(values) < SPREAD_MIN_INTERVALS:
         return 0.0
     middle = median(values)
     return median(abs(value - middle) for value in values)
@@ -315,7 +316,7 @@ def memory_use(run: RunData) -> Outcome:
 
 
 def low_mfu(run: RunData) -> Outcome:
-    mfu = run.typical(names.TRAIN_MFU)
+    mfu = run.steady(names.TRAIN_MFU)
     if mfu is None:
         return NotAssessed("FLOPs per sample or the device's peak unknown, see throughput.device_peak_flops")
     if mfu >= MFU_LOW:
@@ -345,6 +346,7 @@ CHECKS: dict[str, Callable[[RunData], Outcome]] = {
     "dataloader wait": dataloader_bound,
     "callbacks": callback_bound,
     "epoch starts": slow_epoch_starts,
+    "slow stretches": slow_stretches,
     "host wait": host_bound,
     "communication": communication_bound,
     "rank balance": slow_rank,
@@ -407,7 +409,7 @@ def _batch_factor(free_ratio: float) -> str:
 
 
 def _data_wait_share(run: RunData) -> float:
-    step_ms, wait_ms = run.typical(names.TRAIN_STEP_MS), run.typical(names.TRAIN_DATALOADER_WAIT_MS)
+    step_ms, wait_ms = run.steady(names.TRAIN_STEP_MS), run.steady(names.TRAIN_DATALOADER_WAIT_MS)
     return wait_ms / step_ms if step_ms and wait_ms else 0.0
 
 

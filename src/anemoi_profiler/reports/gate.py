@@ -6,13 +6,15 @@ autocorrelation asks for, so that a slow patch of correlated steps is resampled 
 evidence; the runs themselves resampled when a side has several), or from an AR(1) model of each run's noise
 where that gives more: at a few hundred strongly correlated steps the bootstrap underestimates it by up to a
 fifth. With several runs a side, the spread of their medians where that is larger still (the machine slowed some
-runs as a whole), with its few degrees of freedom. One-sided bounds at `CONFIDENCE` use Student's t with the
-degrees of freedom of that spread. Outcomes:
+runs as a whole), with its few degrees of freedom. A side of one run cannot show that: its drift between runs
+(`run_drift_variance`: its block-to-block spread, at least `DRIFT_FLOOR_PCT`) is added. One-sided bounds at
+`CONFIDENCE` use Student's t with the degrees of freedom of that spread. Outcomes:
 
 - slower: the lower bound is above the threshold;
 - not slower: the upper bound is below it;
 - inconclusive: the interval holds the threshold; the result says which slowdown this noise could have detected
-  and about how many more steps per run would settle it.
+  and about how many more steps per run would settle it, or, where only the drift between runs keeps it open, how
+  many runs per side.
 
 Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/regression-gate.md publishes.
 """
@@ -35,6 +37,20 @@ false 'slower' at the threshold in the simulation of docs/gen_gate_table.py (the
 where the spread's own estimate is noisy)."""
 MIN_STEADY_STEPS = 20
 """Fewer steady steps in a run than this cannot bound a median: the gate refuses to decide."""
+DRIFT_FLOOR_PCT = 10.0
+"""With one run per side: the least drift assumed between runs of one configuration, as the standard deviation of a
+run's median step (%); `compare --drift-floor` sets another. Two runs of one script on the shared 2-core VM of the
+tests were +26 % apart (bounds +12 .. +42 % from their steps' noise), four in a row 1.23, 1.26, 1.34 and 2.29 ms:
+nothing inside one run shows that; docs/regression-gate.md."""
+DRIFT_BLOCKS = 8
+"""A run's steady steps are cut into this many consecutive blocks (at least `MIN_BLOCK_STEPS` each): the (robust)
+spread of their medians beyond what the steps' noise explains is the drift the run itself shows."""
+MIN_BLOCK_STEPS = 10
+MAD_EFFICIENCY = 0.37
+"""The block medians' spread is their median absolute deviation, so that one slow block (a slow start) does not
+stand for the run's drift; it is known with this share of a standard deviation's degrees of freedom."""
+MAX_RUNS_ADVISED = 20
+"""An inconclusive one-run verdict names how many runs per side would settle it, up to this many."""
 MAX_RESAMPLED_VALUES = 4_000_000
 """Bootstrap replicates are drawn in chunks of at most this many values (memory stays in the tens of MB)."""
 
@@ -66,6 +82,14 @@ class GateResult:
     more_steps_per_run: int | None
     """Inconclusive: about how many more steady steps each run needs to settle it; None otherwise, or when the
     estimate sits on the threshold."""
+    drift_pct: float | None = None
+    """A side of one run: the drift between runs assumed (the runs' block-to-block spread, or the floor), as the
+    standard deviation of a run's median step in %; None when every side has several runs."""
+    inconclusive_by_drift: bool = False
+    """The steps' noise alone would have decided; the drift between runs it must also hold against does not."""
+    runs_needed: int | None = None
+    """Inconclusive by drift: about how many runs per side (interleaved) would settle it; None: more than
+    `MAX_RUNS_ADVISED`."""
 
     @property
     def exit_code(self) -> int:
@@ -78,8 +102,12 @@ def judge_slowdown(
     threshold_pct: float,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    drift_floor_pct: float = DRIFT_FLOOR_PCT,
 ) -> GateResult:
-    """Test 'B is slower than A by more than `threshold_pct` %' on the steady step durations of each run."""
+    """Test 'B is slower than A by more than `threshold_pct` %' on the steady step durations of each run.
+
+    A side of one run cannot show how runs of it drift apart: its drift (`run_drift_variance`: the spread of its
+    blocks, at least `drift_floor_pct`) widens the interval."""
     rng = np.random.default_rng(seed)
     sides = [[_log_durations(run) for run in runs] for runs in (a_runs, b_runs)]
     estimates = [float(np.mean([np.median(run) for run in side])) for side in sides]
@@ -93,12 +121,21 @@ def judge_slowdown(
     between = _between_runs(sides)
     if between is not None and math.sqrt(between[0]) > spread:
         spread, df = math.sqrt(between[0]), between[1]
+    noise_spread, noise_df = spread, df
+    drift = [run_drift_variance(side[0], drift_floor_pct) for side in sides if len(side) == 1]
+    if drift:
+        spread, df = _with_drift(spread, df, drift)
     z = _t_quantile(CONFIDENCE, df)
     lower, upper = difference - z * spread, difference + z * spread
     limit = math.log1p(threshold_pct / 100)
     outcome: Decision = "slower" if lower > limit else "not slower" if upper < limit else "inconclusive"
-    more = None
-    if outcome == "inconclusive" and abs(difference - limit) > 0:
+    more = runs_needed = None
+    # The steps alone would decide; the drift between runs does not let them.
+    by_drift = outcome == "inconclusive" and bool(drift)
+    by_drift = by_drift and abs(difference - limit) > _t_quantile(CONFIDENCE, noise_df) * noise_spread
+    if by_drift:
+        runs_needed = _runs_needed(abs(difference - limit), noise_spread, max(variance for variance, _ in drift))
+    elif outcome == "inconclusive" and abs(difference - limit) > 0:
         needed = (spread * z / abs(difference - limit)) ** 2  # variance shrinks as 1 / steps
         per_run = max(len(run) for side in sides for run in side)
         more = math.ceil(per_run * max(needed - 1, 0.0))
@@ -113,7 +150,41 @@ def judge_slowdown(
         (max(block_length(run) for run in sides[0]), max(block_length(run) for run in sides[1])),
         _pct(limit + 2 * z * spread),
         more,
+        _pct(math.sqrt(max(variance for variance, _ in drift))) if drift else None,
+        by_drift,
+        runs_needed,
     )
+
+
+def run_drift_variance(run: np.ndarray, floor_pct: float = DRIFT_FLOOR_PCT) -> tuple[float, float]:
+    """The variance of a run's log median step between runs, and its degrees of freedom: the spread of the run's
+    block medians beyond what the steps' noise explains (`DRIFT_BLOCKS`), or the floor where that is larger."""
+    floor = math.log1p(floor_pct / 100) ** 2
+    blocks = min(DRIFT_BLOCKS, len(run) // MIN_BLOCK_STEPS)
+    if blocks < 3:
+        return floor, math.inf
+    parts = np.array_split(run, blocks)
+    _, scale = _robust_centre_and_scale(np.array([np.median(part) for part in parts]))
+    explained = float(np.mean([median_variance(part) for part in parts]))
+    excess = scale**2 - explained
+    return (excess, MAD_EFFICIENCY * (blocks - 1)) if excess > floor else (floor, math.inf)
+
+
+def _with_drift(spread: float, df: float, drift: list[tuple[float, float]]) -> tuple[float, float]:
+    """The spread with each one-run side's drift added, and Welch-Satterthwaite's degrees of freedom."""
+    terms = [(spread**2, df), *drift]
+    total = sum(variance for variance, _ in terms)
+    return math.sqrt(total), total**2 / sum(variance**2 / dof for variance, dof in terms if dof < math.inf)
+
+
+def _runs_needed(distance: float, noise_spread: float, drift_variance: float) -> int | None:
+    """Runs per side, interleaved, whose medians' spread would put the threshold `distance` (log) outside the bounds
+    if the runs drift as assumed: the spread of a side's mean falls as 1 / runs, with runs - 1 degrees of freedom."""
+    for runs in range(2, MAX_RUNS_ADVISED + 1):
+        spread = math.sqrt((noise_spread**2 + 2 * drift_variance) / runs)
+        if distance > _t_quantile(CONFIDENCE, 2 * runs - 2) * spread:
+            return runs
+    return None
 
 
 def block_length(values: np.ndarray) -> int:

@@ -22,6 +22,7 @@ from .diagnosis import TITLE as DIAGNOSIS_TITLE
 from .diagnosis import NotAssessed, Outcome, fired
 from .plots import plot_svgs, write_plot_files
 from .run_data import RunData
+from .steady import LABEL
 
 MAX_NAME = 120
 """Characters of an operator or kernel name shown in a table cell."""
@@ -152,7 +153,7 @@ def _diagnosis(outcomes: dict[str, Outcome]) -> str:
 
 def _key_numbers(run: RunData) -> str:
     tiles = [f"<div class='tile'><b>{esc(v)}</b><span>{esc(k)}</span></div>" for k, v in key_figures(run).items()]
-    note = "<p class='note'>Rates and times: the median log interval; the run's means are in All tables.</p>"
+    note = f"<p class='note'>Rates and times: {esc(LABEL)} (report.txt and All tables say how).</p>"
     return f"<div class='tiles'>{''.join(tiles)}</div>{note}" if tiles else ""
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import names
 from .comparability import allowed, differences
-from .gate import GateResult, judge_slowdown
+from .gate import DRIFT_FLOOR_PCT, MAX_RUNS_ADVISED, GateResult, judge_slowdown
 from .html import esc
 from .run_data import RunData
 from .step_series import read_steps
@@ -90,6 +90,7 @@ def run_gate(
     metric: str = "step",
     allow_mismatch: list[str] | None = None,
     memory_threshold_pct: float | None = None,
+    drift_floor_pct: float = DRIFT_FLOOR_PCT,
 ) -> GateVerdict:
     """Check that the sides are comparable, then test the slowdown and the memory growth that were asked for."""
     found: dict[str, tuple[str, str]] = {}
@@ -107,7 +108,9 @@ def run_gate(
     if threshold_pct is not None:
         sides = (replicates(a_runs, metric), replicates(b_runs, metric))
         verdict.sides = sides
-        verdict.result = judge_slowdown(sides[0].values, sides[1].values, threshold_pct)
+        verdict.result = judge_slowdown(
+            sides[0].values, sides[1].values, threshold_pct, drift_floor_pct=drift_floor_pct
+        )
     if memory_threshold_pct is not None:
         verdict.memory = memory_check(a_runs, b_runs, memory_threshold_pct)
     return verdict
@@ -173,10 +176,13 @@ def verdict_lines(verdict: GateVerdict) -> list[str]:
             scale = 1000 if METRICS[verdict.metric][1] in ("train", "val") else 1e6
             medians = ", ".join(f"{scale * float(np.median(values)):.4g}" for values in side.values)
             unit = {"train": "ms", "val": "ms"}.get(METRICS[verdict.metric][1], "ms per 1000 samples or items")
+            headline = [run.steady(names.TRAIN_STEP_MS) for run in side.runs]
+            shown = ", ".join(f"{value:.4g}" for value in headline if value is not None)
             lines.append(
                 f"  {name}: {len(side.runs)} run(s), {steps} steady of {sum(side.counted)} values"
                 + (f" (left out: {flagged})" if flagged else "")
-                + f", median {medians} {unit}, bootstrap block {block}"
+                + f", median {medians} {unit} (the tested figure), bootstrap block {block}"
+                + (f"; the runs' steady-state step time {shown} ms (as their reports show it)" if shown else "")
             )
     for key, (a, b) in verdict.allowed_mismatches.items():
         lines.append(f"  allowed mismatch: {key} (A {a} | B {b})")
@@ -194,6 +200,13 @@ def _result_line(result: GateResult, label: str) -> str:
         return f"SLOWER: {head}: the lower bound is above {threshold}"
     if result.outcome == "not slower":
         return f"NOT SLOWER: {head}: the upper bound is under {threshold}"
+    if result.inconclusive_by_drift:
+        runs = f"about {result.runs_needed}" if result.runs_needed is not None else f"more than {MAX_RUNS_ADVISED}"
+        return (
+            f"INCONCLUSIVE: {head} hold {threshold} once the drift between runs is counted: with one run per side, "
+            f"a run's level can move by {result.drift_pct:.1f} % (the larger of its own block-to-block spread and "
+            f"--drift-floor); {runs} runs per side, interleaved (A, B, A, B), would settle it"
+        )
     settle = (
         f"about {result.more_steps_per_run} more steady steps per run (or more runs) would settle it"
         if result.more_steps_per_run is not None

@@ -14,7 +14,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from .. import names
@@ -32,7 +31,6 @@ from ..layout import (
     WINDOWS_FILE,
 )
 
-TYPICAL_MIN_INTERVALS = 3
 SUMMARY_AS_HTA = {
     "idle_pct": "idle_pct",
     "idle_host_wait_pct": "idle_host_wait_share_pct",
@@ -89,17 +87,10 @@ class RunData:
         """The end-of-run value `summary/<name>` (e.g. `train/step_ms`)."""
         return self.last(names.summary(name))
 
-    def typical(self, key: str) -> float | None:
-        """A per-interval metric (`time/train/step_ms`) as a typical interval has it: the median over the log
-        intervals when there are `TYPICAL_MIN_INTERVALS`, else the end-of-run `summary/...` value.
-
-        The run's mean weighs an interval by its seconds, so one interval in which the profiler worked between
-        batches (a trace, snapshot or timeline export) can stand for the whole run; the median cannot.
-        """
-        values = self.series(key)[1]
-        if len(values) >= TYPICAL_MIN_INTERVALS:
-            return median(values)
-        return self.summary(key.split("/", 1)[1])
+    def steady(self, key: str) -> float | None:
+        """A per-interval metric (`time/train/step_ms`) at the run's steady state: its end-of-run `summary/...`
+        value, over the log intervals after warmup with slow stretches set apart (`reports.steady`)."""
+        return self.last(names.summary_of(key))
 
     # ---- environment.json ----
     @property

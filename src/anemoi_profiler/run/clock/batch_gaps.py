@@ -79,6 +79,10 @@ class BatchGaps:
         self._last_end = self._now()
         self._own_work_at_end = self._own_work.total_s
 
+    def drop_fetches(self, stage: str) -> None:
+        """Fetches of `stage` so far are in no measured step (a validation's first batch, before its clock starts)."""
+        self._fetch_s[stage], self._fetches[stage] = 0.0, 0
+
     def reset(self) -> None:
         """A stage starts or ends: the time across it is no batch's gap, and fetches before it are no batch's."""
         if self._sampling:

@@ -165,6 +165,7 @@ class StageMeter:
         self._own_work = own_work
         self._now = now
         self._own_work_at_open = 0.0
+        self._opened_at = 0.0
         self._own_work_s = 0.0
         self._open: Marker | None = None
         self.running = False
@@ -195,8 +196,9 @@ class StageMeter:
             self._open = self._mark()
             self.running = True
             self._own_work_at_open = self._own_work()
+            self._opened_at = self._now()
             if self.first_started_at is None:
-                self.first_started_at = self._now()
+                self.first_started_at = self._opened_at
 
     def stop(self) -> None:
         if self._open is not None:
@@ -205,6 +207,12 @@ class StageMeter:
             self.running = False
             self.last_stopped_at = self._now()
             self._own_work_s += self._own_work() - self._own_work_at_open
+
+    def leave_out_since(self, host_time: float) -> None:
+        """Take the open interval's time since `host_time` (the last batch's end) out, as the profiler's own work
+        is: the hooks and checkpoint after a stage's last batch are no batch's."""
+        if self._open is not None:
+            self._own_work_s += max(0.0, self._now() - max(host_time, self._opened_at))
 
     def pause(self) -> None:
         """Stop timing at a training epoch's start, until `resume` at its first batch.

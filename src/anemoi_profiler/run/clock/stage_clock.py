@@ -82,6 +82,7 @@ class StageClock:
         self._count: Callable[[str, Any], tuple[int, int]] = self._count_all
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
+        self.last_train_batch_end = 0.0
         self._epoch_starting = False
         self.gaps = BatchGaps(own_work, now)
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
@@ -133,7 +134,8 @@ class StageClock:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         try:
-            self.steps.train_step_ended(self._now())
+            self.last_train_batch_end = self._now()
+            self.steps.train_step_ended(self.last_train_batch_end)
             self.train_batches_seen += 1
             if self.train_batches_seen == 1:
                 for listener in self.listeners:
@@ -154,6 +156,9 @@ class StageClock:
             self.hook_failed("on_train_batch_end", error)
 
     def train_end(self, trainer: Any) -> None:
+        # What ran after the last batch (epoch-end hooks, the last checkpoint) is no batch's: the steady figures
+        # end where the last batch did, as a clock around the batches reads.
+        self.meters["train"].leave_out_since(self.last_train_batch_end)
         self.lap(trainer, "train", final=True)
         self.meters["train"].stop()
         train = self.totals["train"]
@@ -174,7 +179,10 @@ class StageClock:
         try:
             self.gaps.batch_started()
             if not trainer.sanity_checking:
-                self.meters["val"].start()
+                meter = self.meters["val"]
+                if not meter.running:  # the first batch's fetch ran before validation's clock started: no step's
+                    self.gaps.drop_fetches("val")
+                meter.start()
         except Exception as error:
             self.hook_failed("on_validation_batch_start", error)
 

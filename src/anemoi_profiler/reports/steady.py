@@ -1,0 +1,81 @@
+"""The run's headline figures, one definition for the console, report.txt/json/html, MLflow's `summary/...`, the
+run description, `compare` and the diagnosis.
+
+Steady state is a stage's log intervals after `throughput.warmup_steps` training batches (validation and the
+profiler's own work taken out), less **slow stretches**: intervals whose time per batch is more than
+`SLOW_STRETCH_FACTOR` times the median interval's (a slow start, another job on the node beside the first steps).
+A rate is the steady intervals' count over their seconds and a per-batch time their seconds over their batches:
+what a clock around those batches reads, not a median of intervals nor a mean that a slow start moves. The slow
+stretches get figures of their own (`summary/train/slow_stretch_*`), which the diagnosis names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+SLOW_STRETCH_FACTOR = 1.5
+"""An interval whose time per batch exceeds this multiple of the median interval's is a slow stretch."""
+MIN_INTERVALS_TO_SPLIT = 3
+"""With fewer log intervals there is no median to tell a slow one by: every interval is steady."""
+LABEL = (
+    f"steady state: the log intervals after warmup, slow stretches (over {SLOW_STRETCH_FACTOR:g}x the median "
+    "interval's time per batch) set apart"
+)
+"""The headline figures' name where they are shown."""
+DEFINITION = f"{LABEL}; rates = their samples / their seconds, step times = their seconds / their batches"
+NOT_ENOUGH = "not enough steady batches"
+"""Shown in place of a figure when every batch of the stage fell within the warmup."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One log interval as rank 0 logged it: its global step, batches, seconds and the figures logged for it."""
+
+    step: int
+    batches: float
+    seconds: float
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds_per_batch(self) -> float:
+        return self.seconds / self.batches if self.batches else 0.0
+
+
+@dataclass(frozen=True)
+class Split:
+    steady: list[Interval]
+    slow: list[Interval]
+
+
+def split(intervals: list[Interval]) -> Split:
+    """The steady intervals and the slow stretches among them (see the module's docstring)."""
+    timed = [interval for interval in intervals if interval.batches and interval.seconds > 0]
+    if len(timed) < MIN_INTERVALS_TO_SPLIT:
+        return Split(timed, [])
+    limit = SLOW_STRETCH_FACTOR * median(interval.seconds_per_batch for interval in timed)
+    return Split(
+        [interval for interval in timed if interval.seconds_per_batch <= limit],
+        [interval for interval in timed if interval.seconds_per_batch > limit],
+    )
+
+
+def combined(intervals: list[Interval]) -> dict[str, float]:
+    """Each figure over the intervals that have it: rates (`..._per_sec`, MFU) weighted by seconds, per-batch times
+    by batches, so that one rank's samples/s is their samples over their seconds. Rank numbers are not averaged."""
+    totals: dict[str, list[float]] = {}
+    for interval in intervals:
+        for key, value in interval.figures.items():
+            if key.endswith("_rank"):
+                continue
+            weight = interval.seconds if key.endswith(("_per_sec", "mfu")) else interval.batches
+            weighted = totals.setdefault(key, [0.0, 0.0])
+            weighted[0] += value * weight
+            weighted[1] += weight
+    return {key: total / weight for key, (total, weight) in totals.items() if weight > 0}
+
+
+def stretch_steps(slow: list[Interval]) -> str:
+    """The slow stretches' log intervals, by the global step at each one's end: `10, 20`."""
+    steps = sorted(interval.step for interval in slow)
+    return ", ".join(map(str, steps))
