@@ -3,13 +3,15 @@
 # folder. anemoi-training is installed as its users install it (pip resolves its torch), then anemoi-profiler from
 # this checkout with its dependencies; the tests and the trainings import the checkout's src/ first (PYTHONPATH), so
 # the cached copy only brings the dependencies. The environment is cached under
-# ~/.cache/anemoi-profiler/anemoi-env-<hash of this script, its pins and pyproject.toml>, so a later run (CI in a fresh
+# ~/.cache/anemoi-profiler/anemoi-env-<hash of this script, its pins and pyproject.toml's dependencies>, so a later run (CI in a fresh
 # clone) reuses it; a new machine builds it from PyPI. Fails loudly when the environment cannot be built.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
-hash="$(cat "$here/setup.sh" "$here/requirements.txt" "$repo/pyproject.toml" | sha256sum | cut -c1-12)"
+# pyproject.toml counts by its dependencies alone: a change elsewhere in it does not rebuild the environment.
+deps="$(awk '/^dependencies = \[/,/^\]/; /^\[project.optional-dependencies\]/ {f = 1; next} /^\[/ {f = 0} f' "$repo/pyproject.toml")"
+hash="$( (cat "$here/setup.sh" "$here/requirements.txt"; echo "$deps") | sha256sum | cut -c1-12)"
 env_dir="${ANEMOI_ENV_CACHE:-$HOME/.cache/anemoi-profiler}/anemoi-env-$hash"
 if [[ -f "$env_dir/.complete" ]]; then
     echo "$env_dir"

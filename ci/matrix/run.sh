@@ -12,7 +12,7 @@ cd "$repo"
 sets=("$@")
 [[ ${#sets[@]} -gt 0 ]] || sets=(floor anemoi)
 # Only the files with `stack` tests are collected: the others may import what an older Lightning lacks.
-mapfile -t files < <(grep -l "pytest.mark.stack" tests/test_*.py)
+mapfile -t files < <(grep -rl --include="test_*.py" "pytest.mark.stack" tests | sort)
 for set in "${sets[@]}"; do
     case "$set" in
         floor) env_dir="$(bash "$here/setup.sh")" ;;

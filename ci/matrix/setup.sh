@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) the environment of the floor set of the version matrix (floor.txt: the oldest versions pyproject.toml
 # declares, on Python 3.10) and prints its folder. Cached under
-# ~/.cache/anemoi-profiler/floor-env-<hash of this script, its pins and pyproject.toml>, as ci/anemoi/setup.sh does;
+# ~/.cache/anemoi-profiler/floor-env-<hash of this script, its pins and pyproject.toml's dependencies>, as ci/anemoi/setup.sh does;
 # anemoi-profiler's own dependencies come from the checkout (pip keeps the pinned versions), the tests import its
 # src/ first. Fails loudly when the environment cannot be built.
 set -euo pipefail
@@ -17,7 +17,9 @@ if [[ -z $python ]]; then
     done
 fi
 [[ -n $python ]] || { echo "matrix: no Python 3.10 found (set PYTHON310)" >&2; exit 1; }
-hash="$(cat "$here/setup.sh" "$here/floor.txt" "$repo/pyproject.toml" | sha256sum | cut -c1-12)"
+# pyproject.toml counts by its dependencies alone: a change elsewhere in it does not rebuild the environment.
+deps="$(awk '/^dependencies = \[/,/^\]/; /^\[project.optional-dependencies\]/ {f = 1; next} /^\[/ {f = 0} f' "$repo/pyproject.toml")"
+hash="$( (cat "$here/setup.sh" "$here/floor.txt"; echo "$deps") | sha256sum | cut -c1-12)"
 env_dir="${ANEMOI_ENV_CACHE:-$HOME/.cache/anemoi-profiler}/floor-env-$hash"
 if [[ -f "$env_dir/.complete" ]]; then
     echo "$env_dir"

@@ -22,6 +22,8 @@ from anemoi_profiler.cli.main import main
 from tests.faults.fault_helpers import only_run, only_run_folder, quick_config
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 OOM_AT_STEP = 7
 
 

@@ -21,6 +21,8 @@ from anemoi_profiler.run.postmortem.signals import SignalRecorder
 from anemoi_profiler.run.postmortem.stacks import describe, phase_of, thread_stacks, user_frame
 from anemoi_profiler.run.postmortem.watchdog import AUTO_MIN_S, Progress, StallWatchdog
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 
 def part(rank: int, phase: str, step: int = 40, frame: str = "f (x.py:1)") -> dict[str, Any]:
     return {"rank": rank, "episode": 1, "phase": phase, "frame": frame, "last_step": step, "stalled_for_s": 300.0}

@@ -19,6 +19,8 @@ from anemoi_profiler import names
 from anemoi_profiler.reports.run_data import read_history
 from tests.faults.fault_helpers import only_run, only_run_folder
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "faults" / "train_until_signalled.py"
 

@@ -24,6 +24,8 @@ from tests.faults.fault_helpers import quick_config
 from tests.helpers.jobs import JOB_TIMEOUT_S, finish_job, only_run, only_run_folder, run_jobs, start_job
 from tests.helpers.lightning_models import TinyRegressor, trainer
 
+pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "stalling_job.py"
 REPO = HERE.parents[1]
