@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from ..config import ConfigSource, ProfilerConfig
 from ..report import ReportSection
 from ..run.session import ProfilerSession
-from ..tracking.startup import skip_unused_hooks
 
 try:  # both namespaces call hooks by name, so one base class serves both trainers
     from lightning.pytorch.callbacks import Callback
@@ -23,22 +22,6 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
-
-# The hooks Lightning calls every batch: a callback that does not override one takes it off its instance.
-PER_BATCH_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
-    "on_validation_batch_start",
-    "on_validation_batch_end",
-    "on_test_batch_start",
-    "on_test_batch_end",
-    "on_predict_batch_start",
-    "on_predict_batch_end",
-)
 
 
 def guarded(hook: F) -> F:
@@ -84,7 +67,6 @@ class ProfilerCallback(Callback):
         self.config = self.session.config
         self._may_share = session is None
         self.disabled = False
-        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._may_share:

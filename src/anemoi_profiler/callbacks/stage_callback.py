@@ -1,10 +1,10 @@
 """The base of callbacks that turn the session's training and validation intervals into metrics.
 
 Every such callback of a session listens to one `StageClock`. The first to start drives it from its four batch
-hooks, which call the clock; the others take theirs off (`tracking.startup.skip_hooks`) and only receive laps
-(see `stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the
-driving (logged once); one in the driving callback's other hooks disables that callback's own metrics but leaves
-the clock running for the others, and in step with the other ranks' exchanges.
+hooks, which call the clock; the others' batch hooks return at once, and they only receive log intervals (see
+`stage_clock`); subclasses therefore define none of the four. An error in the driving hooks stops the driving
+(logged once); one in the driving callback's other hooks disables that callback's own metrics but leaves the
+clock running for the others, and in step with the other ranks' exchanges.
 """
 
 from __future__ import annotations
@@ -14,26 +14,15 @@ from typing import Any
 
 from ..reports.step_series import CHECKPOINT
 from ..run.clock import Lap, LoopTimer, RankTotals, StageMeter
-from ..tracking.startup import skip_hooks
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
 log = logging.getLogger(__name__)
 
-_DRIVING_HOOKS = (
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_validation_batch_start",
-    "on_validation_batch_end",
-)
-
 
 class StageCallback(ProfilerCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.drives = False  # a callback that drove an earlier run's clock: not this one's, yet
-        for hook in _DRIVING_HOOKS:
-            if hook in vars(self) and vars(self)[hook] is None:  # taken off in an earlier run: it failed, or
-                del vars(self)[hook]  # another callback drove the clock (a wrapper someone put there stays)
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -70,12 +59,9 @@ class StageCallback(ProfilerCallback):
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
             self._install_timers(trainer)
             clock.hook_failed = self._driving_hook_failed
-        else:
-            skip_hooks(self, _DRIVING_HOOKS)  # they would do nothing
 
     def _driving_hook_failed(self, hook: str, error: Exception) -> None:
-        for name in _DRIVING_HOOKS:
-            setattr(self, name, None)  # Lightning skips a hook that is not callable
+        self.drives = False
         self.disabled = True
         log_failure(self, hook, error)
 

@@ -17,9 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_callbacks
-from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
+from ..callbacks.base import Callback, ProfilerCallback
 from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
-from ..tracking.startup import skip_unused_hooks
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,6 @@ class AnemoiProfiler(Callback):
         assert isinstance(tree, DictConfig)  # merged from two mappings
         self.config = ProfilerConfig.load(tree, list(overrides))
         self.members: list[ProfilerCallback] = []
-        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)  # it measures nothing itself
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.members:

@@ -21,7 +21,6 @@ from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import Outcome, assess, render_section
 from ..reports.run_data import RunData, load_run
-from ..tracking import prestart_tracking, startup
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
@@ -63,9 +62,6 @@ class ProfilerSession:
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
-        # MLflow's client starts while the fit sets up (a logger may name another URI)
-        if self.config.tracking.enabled and startup.uses("prestart"):
-            prestart_tracking(self.config.tracking.uri)
 
     def startup_work_until(self) -> float | None:
         """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow

@@ -1,9 +1,10 @@
 """The tracking sink: the training thread's only door to MLflow.
 
 The training thread only puts records on a queue. A background thread writes each batch of records to the
-spool folder first (write-ahead); a child process (`sender`) sends the spool and deletes the files, so
-that MLflow's Python never competes with the training loop for the interpreter lock. A slow or dead
-server never blocks training, and nothing is lost: what could not be sent stays in
+spool folder first (write-ahead); a child process (`sender`), which that thread starts on its first request,
+sends the spool and deletes the files, so that MLflow's Python never competes with the training loop for the
+interpreter lock. Every wait of the training thread on them is bounded (`wait_for_run`, `flush`, `close`). A
+slow or dead server never blocks training, and nothing is lost: what could not be sent stays in
 `<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
 `anemoi-profiler sync <run folder>`.
 """
@@ -93,9 +94,6 @@ class TrackingSink:
         self.started_up_at: float | None = None
         """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
         the start-up work that runs beside the training's first steps."""
-        self.end_waited_for_startup_s = 0.0
-        """Seconds `close` waited for that first answer: what a run that ends before its sender is ready (MLflow
-        still being imported, the store being reached) adds to its end."""
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -158,26 +156,21 @@ class TrackingSink:
         if self._closed:
             return not pending_batches(self.spool_dir)
         self._closed = True
-        closing_at = time.perf_counter()
         if status and self.owns_run:
             self._queue.put(Terminate(status))
         self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
-        self._target.hurry()  # the end waits for the sender: one still importing in idle time gets a racer
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout_s)
-        if self.started_up_at is not None:
-            self.end_waited_for_startup_s = max(0.0, self.started_up_at - closing_at)
         if self._thread.is_alive():
             # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
             self._target.stop(grace_s=0.0)
             self._thread.join(5.0)
             refused = self._spool_queued()
             self._dropped_metrics += len(refused.metrics) if refused is not None else 0
-            self._target.stop()
         else:
             self._dropped_metrics += len(self._unspooled.metrics)
-            self._target.release()  # MLflow imported, for the process's next run
+        self._target.stop()
         atexit.unregister(self._flush_at_exit)
         if self._dropped_metrics:
             log.warning(
@@ -344,7 +337,6 @@ class TrackingSink:
 
     def _flush_at_exit(self) -> None:
         if not self._closed:
-            self._target.hurry()
             self._stopping.set()
             self._wake.set()
             self._thread.join(10.0)

@@ -9,8 +9,7 @@ between the steps went (data fetch, other callbacks, Lightning's loop: see `batc
 (after `throughput.warmup_steps` training batches, never the sanity check), with validation time and the
 profiler's own work (trace export, snapshot dump) taken out of training intervals; and every rank's
 `RankTotals` over the same laps. The hot path per batch is a few `perf_counter` calls and additions and a
-batch-size lookup, in Lightning's batch hooks themselves (one Python call each, see `on_train_batch_start`);
-logging and the cross-rank exchange happen only at log intervals.
+batch-size lookup; logging and the cross-rank exchange happen only at log intervals.
 """
 
 from __future__ import annotations
@@ -115,8 +114,7 @@ class StageClock:
             self._train.pause()
             self._epoch_starting = True
 
-    # The four batch hooks are Lightning's own, put on the driving callback's instance (see `StageCallback`):
-    # Lightning calls them directly, between torch's operators, where each Python call costs microseconds.
+    # The four batch hooks, called by the driving callback's hooks of the same names (see `StageCallback`).
     # An error goes to `hook_failed`, which stops the driving; training goes on.
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         try:
