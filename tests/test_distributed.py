@@ -258,11 +258,11 @@ def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_p
         for _ in range(4):
             meter.count(0, 0)
         trainer.global_step = 4 * (interval + 1)
-        callback.clock.lap(trainer, "train")
+        callback.clock.end_interval(trainer, "train")
     for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
         meter.count(0, 0)
     callback.session.mark_failed("FAILED")
-    callback.clock.lap(trainer, "train", final=True)
+    callback.clock.end_interval(trainer, "train", final=True)
 
     totals = callback.gathered_totals("train")
 
@@ -282,18 +282,20 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
         meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))
-    callback.clock.lap(trainer, "train")
+    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
+        ([s for _, s in intervals], ranks)
+    )
+    callback.clock.end_interval(trainer, "train")
 
-    ((lap_seconds, ranks),) = reported
-    assert lap_seconds == [pytest.approx(0.6)]
+    ((interval_seconds, ranks),) = reported
+    assert interval_seconds == [pytest.approx(0.6)]
     assert [rank.elapsed_s for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
     assert callback.totals["train"].elapsed_s == pytest.approx(0.6)
     assert [rank.elapsed_s for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
 
 
 class FailingRankZeroMetrics(StageCallback):
-    def on_laps(self, trainer: Any, stage: str, laps: Any, ranks: Any) -> None:
+    def on_log_intervals(self, trainer: Any, stage: str, intervals: Any, ranks: Any) -> None:
         raise ZeroDivisionError("a bug in the metrics only rank 0 makes")
 
 

@@ -7,11 +7,11 @@ profiler hook is logged once and that callback stops measuring, but training goe
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..config import ConfigSource, ProfilerConfig
+from ..logs import get_logger
 from ..report import ReportSection
 from ..run.session import ProfilerSession
 
@@ -20,7 +20,7 @@ try:  # both namespaces call hooks by name, so one base class serves both traine
 except ImportError:  # pragma: no cover - only pytorch_lightning installed
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # checked against lightning's
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -43,7 +43,7 @@ def guarded(hook: F) -> F:
 
 def log_failure(callback: Any, hook: str, error: Exception) -> None:
     log.warning(
-        "anemoi-profiler: %s stopped measuring after an error in %s: %s: %s (training continues)",
+        "%s stopped measuring after an error in %s: %s: %s (training continues)",
         type(callback).__name__,
         hook,
         type(error).__name__,
@@ -103,7 +103,7 @@ class ProfilerCallback(Callback):
                 return
         if earlier:
             log.warning(
-                "anemoi-profiler: %s has another config than %s, so each writes its own run folder and MLflow run; "
+                "%s has another config than %s, so each writes its own run folder and MLflow run; "
                 "give them the same config (or use build_callbacks) to share one",
                 type(self).__name__,
                 type(earlier[0]).__name__,
@@ -125,7 +125,7 @@ class ProfilerCallback(Callback):
                     raise TypeError(f"summarize returned {type(sections).__name__}, expected a list of ReportSection")
                 self.session.add_summary(sections, summary)
         except Exception as error:
-            log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
+            log.warning("%s could not summarize: %s", type(self).__name__, error)
         finally:
             if self.session.available:
                 self.stop_background_work()

@@ -9,15 +9,15 @@ clock running for the others, and in step with the other ranks' exchanges.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+from ..logs import get_logger
 from ..reports.step_series import CHECKPOINT
-from ..run.clock import Lap, LoopTimer, RankTotals, StageMeter
+from ..run.clock import LogInterval, LoopTimer, RankTotals, StageMeter
 from .base import ProfilerCallback, guarded, log_failure
 from .markers import insert_marks, remove_marks
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class StageCallback(ProfilerCallback):
@@ -53,7 +53,7 @@ class StageCallback(ProfilerCallback):
         self.drives = clock.join(
             self,
             counts=type(self).count_batch is not StageCallback.count_batch,
-            has_extras=type(self).lap_extras is not StageCallback.lap_extras,
+            has_extras=type(self).interval_extras is not StageCallback.interval_extras,
         )
         if self.drives:
             clock.gradient_sync.wrap_user_hook(trainer)  # before the strategy's setup registers it
@@ -95,7 +95,7 @@ class StageCallback(ProfilerCallback):
         """(samples, items) in a batch; the base only counts batches."""
         return 0, 0
 
-    def lap_extras(self, stage: str) -> dict[str, float]:
+    def interval_extras(self, stage: str) -> dict[str, float]:
         """Host-side readings taken at the end of each interval (e.g. peak memory), logged as they are."""
         return {}
 
@@ -106,8 +106,10 @@ class StageCallback(ProfilerCallback):
     def first_train_batch(self, batch: Any, ended: bool) -> None:
         """Called at the start (`ended=False`) and at the end of the very first training batch."""
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
-        """Turn measured intervals into metrics. `ranks[r]` holds rank r's totals over the same laps."""
+    def on_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
+    ) -> None:
+        """Turn measured intervals into metrics. `ranks[r]` holds rank r's totals over the same intervals."""
 
     # ---- the session's intervals ----
     @property
@@ -122,10 +124,11 @@ class StageCallback(ProfilerCallback):
     def gathered_totals(self, stage: str) -> list[RankTotals]:
         return self.clock.gathered_totals(stage)
 
-    def report_laps(
-        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None
+    def report_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
     ) -> None:
-        """Run `on_laps`, whose work is rank 0's alone, so that an error there cannot stop this rank's exchanges.
+        """Run `on_log_intervals`, whose work is rank 0's alone, so that an error there cannot stop this rank's
+        exchanges.
 
         Disabling the driving callback on one rank would leave the others waiting for it in the next
         exchange for `distributed.timeout_s`, and pair their collectives with another callback's.
@@ -133,11 +136,11 @@ class StageCallback(ProfilerCallback):
         if not self.reporting or self.disabled:
             return
         try:
-            self.on_laps(trainer, stage, laps, ranks)
+            self.on_log_intervals(trainer, stage, intervals, ranks)
         except Exception as error:
             self.reporting = False
             log.warning(
-                "anemoi-profiler: %s stopped logging interval metrics after an error: %s: %s (training continues)",
+                "%s stopped logging interval metrics after an error: %s: %s (training continues)",
                 type(self).__name__,
                 type(error).__name__,
                 error,

@@ -21,7 +21,7 @@ from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..run import lightning_private, trainer_info
-from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
+from ..run.clock import STAGES, LogInterval, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
@@ -173,13 +173,19 @@ class ThroughputCallback(StageCallback):
     def rank_values(self, stage: str) -> dict[str, float]:
         return {"flops_per_sample": self.flops_per_sample or 0.0}
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
+    def on_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
+    ) -> None:
         if not self.session.is_global_zero:
             return
-        for lap, seconds in laps:
-            self.session.log_metrics(self._device_rates(stage, lap.batches, lap.samples, lap.items, seconds), lap.step)
+        for interval, seconds in intervals:
+            self.session.log_metrics(
+                self._device_rates(stage, interval.batches, interval.samples, interval.items, seconds), interval.step
+            )
         if ranks:
-            self.session.log_metrics(self._global_rates(stage, ranks) | _slowest_rank(stage, ranks), laps[-1][0].step)
+            self.session.log_metrics(
+                self._global_rates(stage, ranks) | _slowest_rank(stage, ranks), intervals[-1][0].step
+            )
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
@@ -281,7 +287,7 @@ class ThroughputCallback(StageCallback):
         seconds, its share of the training time, and the rates with it (what a clock around whole epochs reads).
 
         With several ranks, the longest rank's, which the clock made every rank's (the others wait for it in the
-        epoch's first step, see `StageClock.lap`)."""
+        epoch's first step, see `StageClock.end_interval`)."""
         ranks = [rank for rank in ranks if rank.elapsed_s > 0]
         if not any(rank.epoch_starts for rank in ranks):
             return None

@@ -14,7 +14,7 @@ import torch
 from .. import names
 from ..report import MB, ReportSection
 from ..run import trainer_info
-from ..run.clock import STAGES, Lap, RankTotals
+from ..run.clock import STAGES, LogInterval, RankTotals
 from ..run.rank_figures import (
     MEMORY_PEAKS,
     collective_wait_figures,
@@ -40,7 +40,7 @@ class StepTimingCallback(StageCallback):
         if self.cuda_device is not None:
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
 
-    def lap_extras(self, stage: str) -> dict[str, float]:
+    def interval_extras(self, stage: str) -> dict[str, float]:
         if stage != "train":  # validation peaks stay in the counters and show in the next training interval
             return {}
         extras = {names.CPU_RSS_MB: self.resident.memory_info().rss / MB}
@@ -59,16 +59,18 @@ class StepTimingCallback(StageCallback):
             return {}
         return {field: self._readings[key] for field, key in MEMORY_PEAKS.items() if key in self._readings}
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
+    def on_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
+    ) -> None:
         if not self.session.is_global_zero:
             return
-        for lap, seconds in laps:
-            metrics = dict(lap.extras)
+        for interval, seconds in intervals:
+            metrics = dict(interval.extras)
             if self.session.world_size > 1:  # with one rank these equal the figures below
-                metrics[names.timing(stage, "device/step_ms")] = seconds / lap.batches * 1000
-            self.session.log_metrics(metrics, lap.step)
+                metrics[names.timing(stage, "device/step_ms")] = seconds / interval.batches * 1000
+            self.session.log_metrics(metrics, interval.step)
         if ranks:
-            self.session.log_metrics(self._across_ranks(stage, ranks), laps[-1][0].step)
+            self.session.log_metrics(self._across_ranks(stage, ranks), intervals[-1][0].step)
 
     def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         metrics = step_figures(stage, ranks)

@@ -10,7 +10,6 @@ and the model summary runs the forward pass on the inputs anemoi's step makes of
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from ..build import build_callbacks
 from ..callbacks.base import Callback, ProfilerCallback
 from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def grid_points_counter(pl_module: Any) -> Callable[[Any], int]:
@@ -80,7 +80,7 @@ class AnemoiProfiler(Callback):
                 self.config, length_fn=grid_points_counter(pl_module), input_fn=model_inputs(pl_module)
             )
         except Exception as error:
-            log.warning("anemoi-profiler: not profiling, could not build its callbacks: %s (training goes on)", error)
+            log.warning("not profiling, could not build its callbacks: %s (training goes on)", error)
             return
         # Lightning iterates `trainer.callbacks` itself while calling `setup`: the members come next in that loop.
         position = trainer.callbacks.index(self) + 1

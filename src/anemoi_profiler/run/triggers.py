@@ -10,7 +10,6 @@ same window on every rank. Rank 0 lists every window, with its reason and eviden
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import mean
@@ -18,6 +17,7 @@ from typing import Any
 
 from ..config import ProfilerConfig
 from ..layout import TRACE_SUFFIX, TRACES_DIR, WINDOWS_FILE, window_snapshot_path
+from ..logs import get_logger
 from ..report import ReportSection
 from ..reports.description import WINDOWS_SECTION
 from ..triggers.detector import (
@@ -33,7 +33,7 @@ from .clock import RankTotals
 from .distributed import RankExchange
 from .rank_figures import collective_waits_ms
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TRIGGERS_TAG = "profiler.triggers"
 """The run's tag that shows the triggers armed, the windows left in the budget and the last trigger."""
@@ -130,7 +130,7 @@ class TriggerWatch:
             self._decide(step, ranks, named)
         except Exception as error:
             self._broken = True
-            log.warning("anemoi-profiler: triggers are off after an error: %s: %s", type(error).__name__, error)
+            log.warning("triggers are off after an error: %s: %s", type(error).__name__, error)
 
     def _named_ranks(self, sent: RankTotals) -> list[int]:
         """The ranks named by a request in this exchange, broadcast by rank 0 (any rank of any job: the exchange
@@ -144,7 +144,7 @@ class TriggerWatch:
         known = [rank for rank in named if rank < self.world_size]
         if self._poller is not None and len(known) < len(named):
             log.warning(
-                "anemoi-profiler: the request names ranks %s, the job has ranks 0 to %d: %s",
+                "the request names ranks %s, the job has ranks 0 to %d: %s",
                 named, self.world_size - 1, "the others are left out" if known else "the profiled ranks record",
             )  # fmt: skip
         return known
@@ -177,7 +177,7 @@ class TriggerWatch:
         plan.request, plan.memory = request, memory
         self.pending = plan
         log.info(
-            "anemoi-profiler: %s at step %d%s: a %d-step window on rank%s %s",
+            "%s at step %d%s: a %d-step window on rank%s %s",
             plan.reason,
             plan.decided_at_step,
             f" ({plan.evidence.describe()})" if plan.evidence else "",

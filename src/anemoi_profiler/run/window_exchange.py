@@ -17,7 +17,6 @@ exchanged.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ import numpy as np
 
 from .. import names
 from ..layout import WINDOW_SUMMARIES_DIR, kernel_names_path, window_summary_path
+from ..logs import get_logger
 from ..profiling.window_summaries import WindowKey, WindowSummaries
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
 from ..profiling.window_table import NOT_ASSESSED, WindowTable
@@ -36,7 +36,7 @@ from .distributed import RankExchange
 from .flagged_traces import keeps_trace, settle_held_traces
 from .session import ProfilerSession
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SPREAD_SUFFIXES = ("min", "median", "max", "argmax_rank")
 EXCHANGED_STAGES = ("train", "val", "component")
@@ -115,7 +115,7 @@ class WindowExchange:
         self._tables_lock = threading.Lock()
         self._keep_trace: dict[WindowKey, bool] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-exchange")
-        self._warned = False
+        self._said: set[object] = set()
 
     @property
     def tables(self) -> dict[WindowKey, WindowTable]:
@@ -179,9 +179,7 @@ class WindowExchange:
                 for (stage, window), table in tables.items():
                     session.log_metrics(spread_metrics(stage, table), step=window)
         except Exception as error:
-            if not self._warned:
-                self._warned = True
-                log.warning("anemoi-profiler: window summaries: %s: %s", type(error).__name__, error)
+            log.warning_once(self._said, "failed", "window summaries: %s: %s", type(error).__name__, error)
 
 
 def write_tables(run_dir: Path, tables: dict[WindowKey, WindowTable]) -> None:

@@ -27,12 +27,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from ..logs import PREFIX, get_logger
 from ..redaction import redact_text
 from .mlflow_target import MlflowTarget
 from .records import Batch
 from .spool import read_run_info, replay_spool
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 REPLY_TIMEOUT_S = 300.0
 """The longest the sink's thread waits for one answer (MLflow's import included in the first): past it the
@@ -101,7 +102,7 @@ class SenderProcess:
         self.run_id = reply.get("run_id") or self.run_id
         self.experiment_id = reply.get("experiment_id") or self.experiment_id
         for message in reply.get("warnings", []):
-            log.warning("anemoi-profiler: %s", message)
+            log.warning("%s", message)
         return reply
 
     def _started(self) -> tuple[subprocess.Popen[str], IO[bytes]]:
@@ -177,7 +178,7 @@ class _Warnings(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(redact_text(record.getMessage().removeprefix("anemoi-profiler: ")))
+        self.messages.append(redact_text(record.getMessage().removeprefix(PREFIX)))
 
     def take(self) -> list[str]:
         messages, self.messages = self.messages, []

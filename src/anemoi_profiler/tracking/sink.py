@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -22,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import names
+from ..logs import get_logger
 from ..redaction import redact_text, redact_uri
 from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
 from .sender import SenderError, SenderProcess
 from .spool import pending_batches, remove_if_empty, write_batch, write_run_info
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MAX_RECORDS_IN_MEMORY = 20000
 WAKE_AT_QUEUED = 1000
@@ -85,11 +85,10 @@ class TrackingSink:
         self._seq = itertools.count()
         self._offline_since: float | None = None
         self._last_attempt = 0.0
-        self._warned = False
+        self._said: set[object] = set()
         self._closed = False
         self._unspooled = Batch()  # records the spool could not take (disk full): sent from memory
         self._spool_error: str | None = None
-        self._spool_warned = False
         self._dropped_metrics = 0
         self.started_up_at: float | None = None
         """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
@@ -174,8 +173,7 @@ class TrackingSink:
         atexit.unregister(self._flush_at_exit)
         if self._dropped_metrics:
             log.warning(
-                "anemoi-profiler: %d metric point(s) could neither be sent to MLflow nor written to %s (%s); "
-                "they are lost",
+                "%d metric point(s) could neither be sent to MLflow nor written to %s (%s); they are lost",
                 self._dropped_metrics,
                 self.spool_dir,
                 self._spool_error,
@@ -185,7 +183,7 @@ class TrackingSink:
             remove_if_empty(self.spool_dir)  # the spool exists only while records wait for MLflow
             return True
         log.warning(
-            "anemoi-profiler: %d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
+            "%d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
             "they are kept in %s. Send them with: anemoi-profiler sync %s",
             len(left),
             redact_uri(self.tracking_uri),
@@ -264,7 +262,7 @@ class TrackingSink:
             for done in flushes:
                 done.set()
         except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
-            log.warning("anemoi-profiler: tracking thread error (%s); will retry", redact_text(str(error)))
+            log.warning("tracking thread error (%s); will retry", redact_text(str(error)))
         finally:
             if self.run_id:
                 self._run_ready.set()
@@ -295,14 +293,14 @@ class TrackingSink:
             self._write_batch((self._unspooled, []))
         except OSError as error:
             self._spool_error = f"{type(error).__name__}: {error}"
-            if not self._spool_warned:
-                self._spool_warned = True
-                log.warning(
-                    "anemoi-profiler: cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
-                    "and are lost only if MLflow is away too",
-                    self.spool_dir,
-                    self._spool_error,
-                )
+            log.warning_once(
+                self._said,
+                "spool",
+                "cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
+                "and are lost only if MLflow is away too",
+                self.spool_dir,
+                self._spool_error,
+            )
             excess = len(self._unspooled.metrics) - MAX_RECORDS_IN_MEMORY
             if excess > 0:
                 del self._unspooled.metrics[:excess]
@@ -313,7 +311,7 @@ class TrackingSink:
     def _mark_online(self) -> None:
         if self._offline_since is not None:
             log.warning(
-                "anemoi-profiler: MLflow at %s answers again after %.0f s; spooled metrics were sent",
+                "MLflow at %s answers again after %.0f s; spooled metrics were sent",
                 redact_uri(self.tracking_uri),
                 time.monotonic() - self._offline_since,
             )
@@ -322,17 +320,17 @@ class TrackingSink:
     def _mark_offline(self, error: BaseException) -> None:
         if self._offline_since is None:
             self._offline_since = time.monotonic()
-        if not self._warned:
-            self._warned = True
-            log.warning(
-                "anemoi-profiler: MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
-                "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
-                redact_uri(self.tracking_uri),
-                *_kind_and_reason(error),
-                self.spool_dir,
-                self.retry_interval_s,
-                self.spool_dir.parents[1],
-            )
+        log.warning_once(
+            self._said,
+            "offline",
+            "MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
+            "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
+            redact_uri(self.tracking_uri),
+            *_kind_and_reason(error),
+            self.spool_dir,
+            self.retry_interval_s,
+            self.spool_dir.parents[1],
+        )
         self._run_ready.set()
 
     def _flush_at_exit(self) -> None:
