@@ -268,10 +268,7 @@ class ThroughputCallback(StageCallback):
             notes.append(
                 f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
                 "MLflow sender, a separate process, importing MLflow and creating the run), which can read them "
-                "slower even with a core free for it (docs/benchmarks.md, short runs). A longer run, more "
-                "warmup_steps, callbacks made before the model and "
-                "its data (the sender then starts up while they are built), or a later run of the same process (its "
-                "sender is kept) measures without it."
+                "slower even with a core free for it. A longer run or more warmup_steps measures without it."
             )
         if is_compiled(self._pl_module) and self.flops_per_sample:
             notes.append(
