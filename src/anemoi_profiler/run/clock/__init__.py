@@ -10,7 +10,7 @@ its compilation anything.
 
 from .batch_gaps import BatchGaps
 from .eager import can_run_eagerly, eager, is_compiled
-from .intervals import STAGES, LogInterval, RankTotals, StageMeter, batch_size_of
+from .intervals import STAGES, ExchangeControl, LogInterval, RankTotals, StageMeter, batch_size_of
 from .loop_timer import LoopTimer, unwrapped
 from .own_work import OwnWorkClock
 from .stage_clock import StageClock
@@ -18,6 +18,7 @@ from .stage_clock import StageClock
 __all__ = [
     "STAGES",
     "BatchGaps",
+    "ExchangeControl",
     "LogInterval",
     "LoopTimer",
     "OwnWorkClock",

@@ -103,16 +103,6 @@ class RankTotals:
     epoch_start_s: float = 0.0
     """Time from training epochs' starts to their first batches, outside `elapsed_s` (see `StageMeter.pause`)."""
     epoch_starts: float = 0.0
-    requested_steps: float = 0.0
-    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
-    requested_ranks: float = 0.0
-    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
-    requested_memory: float = 0.0
-    """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
-    windows_ready: float = 0.0
-    """Profiling windows summarised and not yet exchanged (see `run.window_exchange`)."""
-    windows_summarising: float = 0.0
-    """Profiling windows whose summary is still being computed: their exchange waits for them."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):
@@ -146,6 +136,31 @@ class RankTotals:
 
 
 PEAKS = ("flops_per_sample", "peak_allocated_mb", "peak_reserved_mb", "cpu_rss_mb")
+
+
+@dataclass
+class ExchangeControl:
+    """What a rank tells the others in a training exchange besides its measurements: what every rank must then
+    decide alike (a requested window to open, window summaries to exchange). Sent beside `RankTotals` in the same
+    gather, never summed."""
+
+    requested_steps: float = 0.0
+    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
+    requested_ranks: float = 0.0
+    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
+    requested_memory: float = 0.0
+    """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
+    windows_ready: float = 0.0
+    """Profiling windows summarised and not yet exchanged (see `run.window_exchange`)."""
+    windows_summarising: float = 0.0
+    """Profiling windows whose summary is still being computed: their exchange waits for them."""
+
+    def to_list(self) -> list[float]:
+        return [float(getattr(self, item.name)) for item in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> ExchangeControl:
+        return cls(*values)
 
 
 class StageMeter:

@@ -28,7 +28,7 @@ from ..gradient_sync import GradientSyncTimer
 from ..lightning_private import TRAIN_FETCH, missing
 from ..trainer_info import TrainerLike
 from .batch_gaps import BatchGaps
-from .intervals import STAGES, LogInterval, RankTotals, StageMeter
+from .intervals import STAGES, ExchangeControl, LogInterval, RankTotals, StageMeter
 from .own_work import OwnWorkClock
 from .step_record import StepRecord
 
@@ -48,9 +48,9 @@ class Listener(Protocol):
 
 
 class TrainExchangeHook(Protocol):
-    def outgoing(self, local: RankTotals) -> None: ...
+    def outgoing(self, control: ExchangeControl) -> None: ...
 
-    def received(self, step: int, ranks: list[RankTotals]) -> None: ...
+    def received(self, step: int, ranks: list[RankTotals], controls: list[ExchangeControl]) -> None: ...
 
 
 class StageClock:
@@ -232,10 +232,12 @@ class StageClock:
         for listener in self.listeners:
             for name, value in listener.rank_values(stage).items():
                 setattr(local, name, value)
+        control = ExchangeControl()
         for hook in self.train_exchanges if stage == "train" else ():
-            hook.outgoing(local)
+            hook.outgoing(control)
         # Every rank reaches this point at the same batch count, so the collective lines up.
-        ranks = self._gather(local)
+        gathered = self._gather(local, control)
+        ranks, controls = gathered if gathered is not None else (None, None)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
         # the longest epoch start (the others wait for it in the epoch's first step): every rank's epoch start.
         own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
@@ -252,7 +254,7 @@ class StageClock:
             self.exchanged[stage] = sums
         if ranks and stage == "train":
             for hook in self.train_exchanges:
-                hook.received(trainer_info.global_step(trainer), ranks)
+                hook.received(trainer_info.global_step(trainer), ranks, controls or [])
         if intervals:
             for listener in self.listeners:
                 listener.report_log_intervals(trainer, stage, intervals, ranks)
@@ -266,13 +268,23 @@ class StageClock:
         local = self.totals[stage]
         if self.exchange.world_size == 1:
             return [local]
-        return self._gather(local) or self.exchanged[stage]
+        gathered = self._gather(local, ExchangeControl())
+        return gathered[0] if gathered is not None and gathered[0] else self.exchanged[stage]
 
-    def _gather(self, local: RankTotals) -> list[RankTotals] | None:
+    def _gather(
+        self, local: RankTotals, control: ExchangeControl
+    ) -> tuple[list[RankTotals], list[ExchangeControl]] | None:
+        """Every rank's measurements and control messages, in one collective."""
         if not self._exchanges_allowed():
             return None
-        ranks = self.exchange.gather(local.to_list())
-        return [RankTotals.from_list(values) for values in ranks] if ranks is not None else None
+        gathered = self.exchange.gather(local.to_list() + control.to_list())
+        if gathered is None:
+            return None
+        size = len(local.to_list())
+        return (
+            [RankTotals.from_list(values[:size]) for values in gathered],
+            [ExchangeControl.from_list(values[size:]) for values in gathered],
+        )
 
 
 def _raise(hook: str, error: Exception) -> None:
