@@ -2,7 +2,8 @@
 
 Throughput and step timing read the same intervals. Measuring them once per batch, and exchanging them
 across ranks once per log interval, keeps the per-batch cost of the profiler the same however many of
-them listen: the first listener to join drives the clock from its hooks, the others only receive intervals.
+them listen: one callback drives the clock from Lightning's hooks (`callbacks.clock_callback`), the
+listeners only receive log intervals.
 
 What a listener gets: per log interval, `LogInterval`s with batches, samples, items, elapsed time and where the time
 between the steps went (data fetch, other callbacks, Lightning's loop: see `batch_gaps`), steady-state only
@@ -87,12 +88,12 @@ class StageClock:
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
-        """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
+        """Set by the clock callback: what an error in a batch hook does (by default, it is raised)."""
         self.train_exchanges: list[TrainExchangeHook] = []
         """Add to each training exchange and read what it gathered: triggers, the window summaries' exchange."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
-        """Add a listener; True when it is the first, which then drives the clock from its hooks."""
+        """Add a listener; True when it is the first, which then puts the clock callback into the trainer."""
         self.listeners.append(listener)
         if counts:
             self._counters.append(listener.count_batch)
@@ -115,8 +116,8 @@ class StageClock:
             self._train.pause()
             self._epoch_starting = True
 
-    # The four batch hooks, called by the driving callback's hooks of the same names (see `StageCallback`).
-    # An error goes to `hook_failed`, which stops the driving; training goes on.
+    # The four batch hooks, called by the clock callback's hooks of the same names (`callbacks.clock_callback`).
+    # An error goes to `hook_failed`, which stops the clock; training goes on.
     def on_train_batch_start(self, trainer: TrainerLike, pl_module: Any, batch: Any, batch_idx: int) -> None:
         try:
             if self.train_batches_seen == 0:
