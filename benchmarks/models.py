@@ -1,6 +1,7 @@
 """The models, data and Trainer settings that every benchmark configuration shares.
 
-CPU: a small MLP whose training step takes a few milliseconds, so hook costs are visible against it.
+CPU: an MLP sized to a 20 ms training step (`cpu-20ms`, the always-on overhead's model: a realistic step on
+one core), smaller ones for short runs (`cpu`, about 1 ms) and the quick mode (`tiny`).
 CUDA: the H200 baseline model of shared/fixtures/README.md (read off its trace): an 8-layer pre-norm
 transformer encoder, d=1024, 16 heads, vocabulary 8192, batch 16 x 512 tokens, AdamW, bf16-mixed.
 """
@@ -53,6 +54,7 @@ SPECS = {
     "cpu": ModelSpec("cpu", "mlp", width=256, layers=4, batch_size=64),
     "tiny": ModelSpec("tiny", "mlp", width=32, layers=2, batch_size=16),
     "cpu-5ms": ModelSpec("cpu-5ms", "mlp", width=512, layers=4, batch_size=128),
+    "cpu-20ms": ModelSpec("cpu-20ms", "mlp", width=1024, layers=4, batch_size=160),  # 4x the 5 ms model's work
     "cpu-50ms": ModelSpec("cpu-50ms", "mlp", width=1024, layers=4, batch_size=384),  # 10x the 5 ms model's work
     "h200": ModelSpec(
         "h200",

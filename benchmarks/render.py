@@ -203,103 +203,25 @@ def render_detailed(section: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _fresh_script_lines(fresh: dict[str, Any] | None) -> list[str]:
-    """A fresh script's early steps against a bare script's, the sender started with the callbacks or first thing."""
-    if not fresh:
-        return []
-
-    def pct(kind: str) -> str:
-        value = fresh["early_pct"].get(kind)
-        return "n/a" if value is None else f"{value:+.2f} %"
-
-    scripts = len(fresh["runs_s"]["bare"])
-    return [
-        f"  a fresh script's early steps ({fresh['spec']}, {scripts} scripts each): ours {pct('ours')}, the MLflow "
-        f"client started first thing {pct('ours (sender started first)')} (bare vs bare {pct('bare (control)')})",
-    ]
-
-
-def _by_parts_lines(by_parts: dict[str, float | None] | None) -> list[str]:
-    """What each kind adds to a step on the training thread, read within each fit (`step_parts`)."""
-    if not by_parts:
-        return []
-    figures = ", ".join(f"{kind} {pct:+.2f}" for kind, pct in by_parts.items() if pct is not None)
-    return [f"    the same by parts (hooks, profiler calls, waiting for a core; points over bare): {figures}"]
-
-
 def render_short_run(section: dict[str, Any] | None) -> list[str]:
-    if not section or "early_steps" not in section:
+    if not section or "fit" not in section:
         return note_lines("Short run", section)
-    lines = ["", f"Short run ({section['steps']} steps, {section['repetitions']} interleaved repetitions)"]
-    window = f"batches {section['early_window'][0]}-{section['early_window'][1]}"
-    names = {"early_steps_set": "early-steps model", "end_set": "end model"}
-    sets = {key: section[key] for key in names if key in section}
-    for key, measured in sets.items():
-        if key == "end_set" and measured is sets.get("early_steps_set"):
-            continue
-        early, fit = measured["early_steps"], measured["fit"]
-        lines += [
-            f"  {measured['spec']} ({names[key]}; attempts' controls "
-            f"{', '.join(f'{pct:+.2f}' for pct in measured['attempts'])} %)",
-            f"    early steps ({window}): bare {early['bare_ms']:.3f} ms, ours {early['ours_ms']:.3f} ms: "
-            f"{early['overhead_pct']:+.2f} % (bare vs bare {early['control_pct']:+.2f} %"
-            + (
-                f"; bare beside MLflow's import {early['import_beside_pct']:+.2f} %)"
-                if "import_beside_pct" in early
-                else ")"
-            ),
-            *_by_parts_lines(early.get("by_parts_pct")),
-            f"    fit(): bare {fit['bare_s']:.2f} s, ours {fit['ours_s']:.2f} s: {fit['extra_s']:+.2f} s "
-            f"(bare vs bare {fit['control_s']:+.2f} s)",
-            "    the profiled fits' end (median s): "
-            + ", ".join(f"{step} {s:.2f}" for step, s in measured["end_breakdown_s"].items() if s >= 0.005),
-        ]
-        kept = measured.get("kept_sender")
-        if kept:
-            lines += [
-                f"    a later run of the process (kept sender): early steps {kept['early_ms']:.3f} ms: "
-                f"{kept['early_overhead_pct']:+.2f} %; fit() {kept['fit_s']:.2f} s: {kept['fit_extra_s']:+.2f} s",
-                "      its end (median s): "
-                + ", ".join(f"{step} {s:.2f}" for step, s in kept["end_breakdown_s"].items() if s >= 0.005),
-            ]
-        first = measured.get("callbacks_first")
-        if first:
-            lines += [
-                f"    a first run whose callbacks came {first['setup_s']:.0f} s before the Trainer: early steps "
-                f"{first['early_ms']:.3f} ms: {first['early_overhead_pct']:+.2f} %; fit() {first['fit_s']:.2f} s: "
-                f"{first['fit_extra_s']:+.2f} s",
-                "      its end (median s): "
-                + ", ".join(f"{step} {s:.2f}" for step, s in first["end_breakdown_s"].items() if s >= 0.005),
-            ]
-        beside = {kind: s for kind, s in measured.get("children_cpu_in_window_s", {}).items() if s is not None}
-        if beside:
-            lines.append(
-                f"    CPU of child processes over {window} (median s): "
-                + ", ".join(f"{kind} {s:.2f}" for kind, s in beside.items())
-            )
-    script, delivered = section["script"], section["delivered"]
-    lines += [
-        f"  a script that fits and exits ({script['spec']}): bare {script['bare_s']:.2f} s, ours "
-        f"{script['ours_s']:.2f} s: {script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s); its fit() "
-        f"{script['fit_extra_s']:+.2f} s",
-        "    the same, the MLflow client started first thing (prestart_tracking): "
-        f"{script['prestarted_extra_s']:+.2f} s; its fit() {script['prestarted_fit_extra_s']:+.2f} s",
-        *_fresh_script_lines(section.get("fresh_script_early")),
+    fit, script, delivered = section["fit"], section["script"], section["delivered"]
+    return [
+        "",
+        f"Short run ({section['spec']}, {section['steps']} steps, {section['repetitions']} interleaved repetitions; "
+        "medians)",
+        f"  fit(): bare {fit['bare_s']:.2f} s, ours {fit['ours_s']:.2f} s: {fit['extra_s']:+.2f} s "
+        f"(bare vs bare {fit['control_s']:+.2f} s)",
+        "    the profiled fits' end (s): "
+        + ", ".join(f"{step} {s:.2f}" for step, s in fit["end_s"].items() if s >= 0.005),
+        f"  a script that fits and exits: bare {script['bare_s']:.2f} s, ours {script['ours_s']:.2f} s: "
+        f"{script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s); "
+        f"its fit() {script['fit_extra_s']:+.2f} s",
         f"  MLflow after the last profiled fit: {delivered['status']}, "
         f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
-        f"spools left behind: {section['end_set']['spool_left']}",
+        f"spool left behind: {delivered['spool_left']}",
     ]
-    every = section.get("every_core")
-    if every:
-        longest = every["longest_step_ms"]
-        lines += [
-            f"  a first run using every core ({every['threads']} torch threads, {every['spec']}, "
-            f"{every['repetitions']} repetitions): early steps {every['early_overhead_pct']:+.2f} % "
-            f"(bare vs bare {every['early_control_pct']:+.2f} %), fit() {every['fit_extra_s']:+.2f} s "
-            f"(bare vs bare {every['fit_control_s']:+.2f} s); longest step bare {longest['bare']:.0f} ms, "
-            f"ours {longest['ours']:.0f} ms",
-        ]
-    return lines
 
 
 def note_lines(title: str, section: dict[str, Any] | None) -> list[str]:

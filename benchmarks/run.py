@@ -63,7 +63,7 @@ class Mode:
     hta_ranks: tuple[int, ...]
     hta_time_limit_s: float
     loop_blocks: int
-    short_specs: tuple[str, str]
+    short_spec: str
     short_repetitions: int
     short_script_repetitions: int
 
@@ -72,10 +72,10 @@ ALL = tuple(CONFIGURATIONS)
 # First use of the profiler in a process initialises CUPTI; the first of ours opens the sqlite store.
 CUDA_WARM_UP = ("bare", "ours: always-on", "Lightning PyTorchProfiler")
 MODES = {
-    ("full", "cpu"): Mode("cpu", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20, ("cpu-5ms", "cpu"), 15, 5),
-    ("full", "cuda"): Mode("h200", 10, 60, 3, CUDA_WARM_UP, 200, (1, 2, 4, 8), 300, 20, ("h200", "h200"), 3, 1),
-    ("quick", "cpu"): Mode("tiny", 3, 20, 1, ("bare", "ours: always-on"), 40, (1,), 120, 3, ("tiny", "tiny"), 1, 1),
-    ("quick", "cuda"): Mode("h200", 5, 20, 1, ("bare", "ours: always-on"), 40, (1, 2), 120, 3, ("h200", "h200"), 1, 1),
+    ("full", "cpu"): Mode("cpu-20ms", 5, 60, 5, ALL, 400, (1, 2, 4, 8), 600, 20, "cpu", 7, 5),
+    ("full", "cuda"): Mode("h200", 10, 60, 3, CUDA_WARM_UP, 200, (1, 2, 4, 8), 300, 20, "h200", 3, 1),
+    ("quick", "cpu"): Mode("tiny", 3, 20, 1, ("bare", "ours: always-on"), 40, (1,), 120, 3, "tiny", 1, 1),
+    ("quick", "cuda"): Mode("h200", 5, 20, 1, ("bare", "ours: always-on"), 40, (1, 2), 120, 3, "h200", 1, 1),
 }
 
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             section(
                 "short_run",
                 lambda: short_run(
-                    work_dir, mode.short_specs, device, mode.short_repetitions, mode.short_script_repetitions
+                    work_dir, mode.short_spec, device, mode.short_repetitions, mode.short_script_repetitions
                 ),
             )
         if "hta" in sections:

@@ -1,12 +1,9 @@
 """A script that fits a short run and exits, as a user's would: `short_run` times it from start to exit.
 
     python benchmarks/short_run_script.py --spec cpu --device cpu --steps 160 --work-dir DIR [--profiled --store URI]
-        [--prestart]
 
 Bare, it imports torch and Lightning and fits; `--profiled` adds the default callbacks, built just before the
-Trainer; `--prestart` starts the profiler's MLflow client first thing, before torch is imported
-(`anemoi_profiler.prestart_tracking`, as the README shows). It prints as JSON the fit's wall time and the median
-step over the early-steps window (bare and profiled scripts alike note each batch's end, as the in-process fits).
+Trainer. It prints the fit's wall time as JSON.
 """
 
 from __future__ import annotations
@@ -20,14 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-if "--prestart" in sys.argv:  # first thing, as a user's script would
-    import anemoi_profiler
-
-    anemoi_profiler.prestart_tracking(sys.argv[sys.argv.index("--store") + 1])
 
 import torch
 from models import SPECS, make_loader, make_model, make_trainer, quiet_lightning
-from short_run import EARLY, BatchEnds, early_step_ms
 
 
 def main() -> None:
@@ -38,7 +30,6 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--profiled", action="store_true")
     parser.add_argument("--store", help="the profiled run's tracking URI")
-    parser.add_argument("--prestart", action="store_true", help="start the MLflow client before importing torch")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # as the harness's fits
@@ -53,13 +44,10 @@ def main() -> None:
 
         overrides = [f"output_dir={args.work_dir / 'runs'}", f"tracking.uri={args.store}"]
         callbacks = build_callbacks(ProfilerConfig.load(None, overrides), batch_size_fn=samples_in)
-    clock = BatchEnds(sync_cuda=args.device == "cuda")
-    trainer = make_trainer(spec, args.device, args.steps, [*callbacks, clock])
+    trainer = make_trainer(spec, args.device, args.steps, callbacks)
     started = time.perf_counter()
     trainer.fit(model, loader)
-    fit_s = time.perf_counter() - started
-    early_ms = early_step_ms(clock.ends) if len(clock.ends) >= EARLY[1] else None
-    print(json.dumps({"fit_s": fit_s, "early_step_ms": early_ms}))
+    print(json.dumps({"fit_s": time.perf_counter() - started}))
 
 
 if __name__ == "__main__":

@@ -92,26 +92,11 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
     script = results["short_run"]["script"]
-    assert len(script["fit_runs_s"]["ours (sender started first)"]) == len(script["runs_s"]["bare"]) > 0
-    fresh = results["short_run"]["fresh_script_early"]
-    assert set(fresh["early_pct"]) == {"ours", "ours (sender started first)", "bare (control)"}
-    assert len(results["short_run"]["early_steps"]["import_beside_ratios"]) == results["short_run"]["repetitions"]
-    by_parts = results["short_run"]["early_steps"]["by_parts_pct"]
-    kinds = {"ours", "ours (kept sender)", "bare (control)", "bare beside MLflow's import", "ours (callbacks first)"}
-    assert set(by_parts) == kinds
-    assert all(isinstance(value, float) for value in by_parts.values()), by_parts
-    callbacks_first = results["short_run"]["early_steps_set"]["callbacks_first"]
-    assert len(callbacks_first["early_ratios"]) == results["short_run"]["repetitions"]
-    beside = results["short_run"]["early_steps_set"]["children_cpu_in_window_s"]
-    assert beside["bare"] is not None and beside["bare"] <= beside["bare beside MLflow's import"], beside
-    every_core = results["short_run"]["every_core"]
-    assert every_core["threads"] == os.cpu_count()
-    assert len(every_core["fit_runs_s"]["ours"]) == every_core["repetitions"]
+    assert len(script["fit_runs_s"]["ours"]) == len(script["runs_s"]["bare"]) > 0
     statuses = {target["target"]: target["status"] for target in results["targets"]}
     assert set(statuses.values()) <= {"PASS", "FAIL", "SKIP", "NOISY"}
     assert statuses["always_on_cost_pct"] != "SKIP" and statuses["outside_windows_excess_pp"] != "SKIP"
     assert statuses["short_run_fit_extra_s"] != "SKIP" and statuses["short_run_script_extra_s"] != "SKIP"
-    assert statuses["short_run_early_steps_parts_pct"] != "SKIP"
     assert len(statuses) >= 8
 
 

@@ -129,7 +129,7 @@ def test_data_wait_per_batch_over_an_interval(tmp_path: Path) -> None:
 
     totals = driver.clock.totals["train"]
     assert (totals.fetches, totals.wait_s, totals.per_batch_ms(totals.wait_s)) == (4, 0.25, 62.5)
-    assert driver.recorder.laps == [("train", 4, 4, 312.5)]
+    assert driver.recorder.intervals == [("train", 4, 4, 312.5)]
 
 
 def test_an_epochs_first_fetch_is_its_epoch_start_not_data_wait(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_an_epochs_first_fetch_is_its_epoch_start_not_data_wait(tmp_path: Path) 
 
     totals = driver.clock.totals["train"]
     assert (totals.wait_s, totals.fetches, totals.epoch_start_s, totals.elapsed_s) == (1 / 8, 2, 2.0625, 1.125)
-    assert driver.recorder.laps == [("train", 4, 4, 281.25)]
+    assert driver.recorder.intervals == [("train", 4, 4, 281.25)]
 
 
 def test_a_watched_block_that_never_ran_is_cancelled() -> None:

@@ -14,32 +14,32 @@ from tests.helpers.clock_driver import ClockDriver
 
 
 def test_warmup_batches_are_left_out_and_intervals_close_every_n_batches(tmp_path: Path) -> None:
-    """2 warmup batches of 1 s, then 6 of 0.25 s with `log_every_n_steps=3`: two laps at global steps 5 and 8, each
+    """2 warmup batches of 1 s, then 6 of 0.25 s with `log_every_n_steps=3`: two intervals at global steps 5 and 8, each
     3 batches in 0.75 s = 250 ms; the warmup's 2 s are in neither. Training ends on an interval boundary: no
-    third lap."""
+    third interval."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=3", "throughput.warmup_steps=2")
     driver.clock.train_start()
     driver.train_batches(1.0, 1.0, *[0.25] * 6)
     driver.clock.train_end(driver.trainer)
 
-    assert driver.recorder.laps == [("train", 5, 3, 250.0), ("train", 8, 3, 250.0)]
+    assert driver.recorder.intervals == [("train", 5, 3, 250.0), ("train", 8, 3, 250.0)]
     totals = driver.clock.totals["train"]
     assert (totals.batches, totals.samples, totals.elapsed_s, totals.step_ms) == (6, 48, 1.5, 250.0)
 
 
 def test_the_last_interval_closes_at_the_end_of_training(tmp_path: Path) -> None:
-    """No warmup, `log_every_n_steps=4`, 5 batches of 0.5 s: a lap of 4 batches (500 ms) and, at the end, one of
+    """No warmup, `log_every_n_steps=4`, 5 batches of 0.5 s: a interval of 4 batches (500 ms) and, at the end, one of
     the remaining single batch (500 ms)."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
     driver.train_batches(*[0.5] * 5)
     driver.clock.train_end(driver.trainer)
-    assert driver.recorder.laps == [("train", 4, 4, 500.0), ("train", 5, 1, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 4, 500.0), ("train", 5, 1, 500.0)]
 
 
 def test_validation_time_is_kept_out_of_the_training_clock(tmp_path: Path) -> None:
     """2 training batches of 0.5 s; a validation of 3 s before its first batch and 2 batches of 0.125 s; 2 more
-    training batches of 0.5 s. Training's lap: 4 batches in 2 s = 500 ms (the 3.25 s of validation out);
+    training batches of 0.5 s. Training's interval: 4 batches in 2 s = 500 ms (the 3.25 s of validation out);
     validation's: 2 batches in 0.25 s = 125 ms (its 3 s before the first batch out)."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
@@ -47,36 +47,36 @@ def test_validation_time_is_kept_out_of_the_training_clock(tmp_path: Path) -> No
     driver.validation(0.125, 0.125, before_first_batch=3.0)
     driver.train_batches(0.5, 0.5)
 
-    assert driver.recorder.laps == [("val", 2, 2, 125.0), ("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("val", 2, 2, 125.0), ("train", 4, 4, 500.0)]
     assert driver.clock.totals["val"].elapsed_s == 0.25
 
 
-def test_the_sanity_check_makes_no_validation_lap(tmp_path: Path) -> None:
-    """The sanity check's 2 batches make no validation lap; training's 2 batches of 0.5 s make one of 500 ms."""
+def test_the_sanity_check_makes_no_validation_interval(tmp_path: Path) -> None:
+    """The sanity check's 2 batches make no validation interval; training's 2 batches of 0.5 s make one of 500 ms."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=2", "throughput.warmup_steps=0")
     driver.trainer.sanity_checking = True
     driver.validation(0.25, 0.25)
     driver.trainer.sanity_checking = False
     driver.clock.train_start()
     driver.train_batches(0.5, 0.5)
-    assert driver.recorder.laps == [("train", 2, 2, 500.0)]
+    assert driver.recorder.intervals == [("train", 2, 2, 500.0)]
     assert driver.clock.totals["val"].batches == 0
 
 
-def test_with_gradient_accumulation_intervals_count_batches_and_laps_carry_the_optimizer_step(
+def test_with_gradient_accumulation_intervals_count_batches_and_intervals_carry_the_optimizer_step(
     tmp_path: Path,
 ) -> None:
     """`accumulate_grad_batches=2`: an optimizer step every 2 batches. `log_every_n_steps=4` and the warmup count
-    batches: after a warmup of 2 batches, 8 batches of 0.25 s give 2 laps of 4 batches, 250 ms a batch, at
+    batches: after a warmup of 2 batches, 8 batches of 0.25 s give 2 intervals of 4 batches, 250 ms a batch, at
     global (optimizer) steps 3 and 5."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=2")
     driver.clock.train_start()
     driver.train_batches(*[1.0] * 2, *[0.25] * 8, batches_per_step=2)
-    assert driver.recorder.laps == [("train", 3, 4, 250.0), ("train", 5, 4, 250.0)]
+    assert driver.recorder.intervals == [("train", 3, 4, 250.0), ("train", 5, 4, 250.0)]
 
 
 def test_epoch_starts_pause_the_training_clock(tmp_path: Path) -> None:
-    """Two epochs of 2 batches of 0.5 s; the second epoch's DataLoader workers take 2 s to start. The lap holds
+    """Two epochs of 2 batches of 0.5 s; the second epoch's DataLoader workers take 2 s to start. The interval holds
     4 batches in 2 s = 500 ms; the 2 s are the interval's epoch start, counted twice (the first epoch's start
     took no time)."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
@@ -86,13 +86,13 @@ def test_epoch_starts_pause_the_training_clock(tmp_path: Path) -> None:
         driver.time.advance(0.0 if driver.batches == 0 else 2.0)
         driver.train_batches(0.5, 0.5)
 
-    assert driver.recorder.laps == [("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 4, 500.0)]
     totals = driver.clock.totals["train"]
     assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == (2.0, 2.0, 2)
 
 
 def test_the_profilers_own_work_is_taken_out_of_the_interval(tmp_path: Path) -> None:
-    """4 batches of 0.25 s and, after the second, a trace export of 0.5 s: the lap holds 1.5 s, of which 0.5 s
+    """4 batches of 0.25 s and, after the second, a trace export of 0.5 s: the interval holds 1.5 s, of which 0.5 s
     own work: 1 s over 4 batches = 250 ms."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
@@ -101,7 +101,7 @@ def test_the_profilers_own_work_is_taken_out_of_the_interval(tmp_path: Path) -> 
         driver.time.advance(0.5)
     driver.train_batches(0.25, 0.25)
 
-    assert driver.recorder.laps == [("train", 4, 4, 250.0)]
+    assert driver.recorder.intervals == [("train", 4, 4, 250.0)]
     totals = driver.clock.totals["train"]
     assert (totals.elapsed_s, totals.own_work_s) == (1.0, 0.5)
 
@@ -128,7 +128,7 @@ def test_another_ranks_own_work_is_taken_out_of_every_rank(tmp_path: Path) -> No
     driver.clock.train_start()
     driver.train_batches(0.5, 0.5, 1.0, 0.5)  # the third batch waited for rank 1
 
-    assert driver.recorder.laps == [("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 4, 500.0)]
     (ranks,) = driver.recorder.ranks
     assert ranks is not None
     assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(2.0, 500.0), (2.0, 500.0)]

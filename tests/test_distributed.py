@@ -328,11 +328,11 @@ def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_p
         for _ in range(4):
             meter.count(0, 0)
         trainer.global_step = 4 * (interval + 1)
-        callback.clock.lap(trainer, "train")
+        callback.clock.end_interval(trainer, "train")
     for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
         meter.count(0, 0)
     callback.session.mark_failed("FAILED")
-    callback.clock.lap(trainer, "train", final=True)
+    callback.clock.end_interval(trainer, "train", final=True)
 
     totals = callback.gathered_totals("train")
 
@@ -352,18 +352,20 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
         meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))
-    callback.clock.lap(trainer, "train")
+    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
+        ([s for _, s in intervals], ranks)
+    )
+    callback.clock.end_interval(trainer, "train")
 
-    ((lap_seconds, ranks),) = reported
-    assert lap_seconds == [pytest.approx(0.6)]
+    ((interval_seconds, ranks),) = reported
+    assert interval_seconds == [pytest.approx(0.6)]
     assert [rank.elapsed_s for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
     assert callback.totals["train"].elapsed_s == pytest.approx(0.6)
     assert [rank.elapsed_s for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
 
 
 class FailingRankZeroMetrics(StageCallback):
-    def on_laps(self, trainer: Any, stage: str, laps: Any, ranks: Any) -> None:
+    def on_log_intervals(self, trainer: Any, stage: str, intervals: Any, ranks: Any) -> None:
         raise ZeroDivisionError("a bug in the metrics only rank 0 makes")
 
 
@@ -371,10 +373,12 @@ def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) 
     """Metrics are made on rank 0 only: failing there must leave it in step with the other ranks' exchanges."""
     callback = FailingRankZeroMetrics(fast_config(tmp_path, "log_every_n_steps=2"))
     trainer, exchange = rank_0_of_two(callback, [2.0, 0.0, 0.0, 0.0, 0.1, 0.0])
-    callback.on_train_start(trainer, None)
+    clock_callback = callback.clock_callback  # what Lightning calls (the stand-in trainer has no callback list)
+    assert clock_callback is not None
+    clock_callback.on_train_start(trainer, None)
     for index in range(6):
-        callback.on_train_batch_start(trainer, None, None, index)
-        callback.on_train_batch_end(trainer, None, None, None, index)
+        clock_callback.on_train_batch_start(trainer, None, None, index)
+        clock_callback.on_train_batch_end(trainer, None, None, None, index)
 
     assert exchange.calls == 3
     assert not callback.disabled and not callback.reporting

@@ -244,11 +244,13 @@ def test_the_longest_epoch_start_of_the_ranks_is_every_ranks(tmp_path: Path) -> 
         meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_laps = lambda trainer, stage, laps, ranks: reported.append(([s for _, s in laps], ranks))
-    callback.clock.lap(trainer, "train")
+    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
+        ([s for _, s in intervals], ranks)
+    )
+    callback.clock.end_interval(trainer, "train")
 
-    ((lap_seconds, ranks),) = reported
-    assert lap_seconds == [pytest.approx(0.6)]
+    ((interval_seconds, ranks),) = reported
+    assert interval_seconds == [pytest.approx(0.6)]
     assert [(rank.elapsed_s, rank.epoch_start_s) for rank in ranks] == [pytest.approx((0.6, 0.5))] * 2
     totals = callback.totals["train"]
     assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == pytest.approx((0.6, 0.5, 1.0))

@@ -31,7 +31,7 @@ PACKAGE = Path(lightning_private.__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def warnings_anew(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test sees the once-per-process warnings again."""
-    monkeypatch.setattr(lightning_private, "_warned", set())
+    monkeypatch.setattr(lightning_private, "_said", set())
 
 
 def ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

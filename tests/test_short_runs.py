@@ -1,8 +1,8 @@
-"""Short runs: the profiler's start-up work runs beside the first steps, costs the training thread nothing, and
-the report says when measured steps overlapped it; the end is only what the run needs.
+"""Short runs: the MLflow sender starts with the fit, beside its first steps, and ends with it; the report says
+when measured steps overlapped that start-up; every wait on the sender is bounded.
 
-What is timed (the 1 % and 1 s targets) is the benchmark harness's `short` section, never a test; these tests
-check the mechanisms with real fits, a real sqlite store and real processes.
+What is timed (the 2 s target of a short fit) is the benchmark harness's, never a test's; these tests check the
+mechanisms with real fits, a real sqlite store and real processes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,12 +22,10 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-import anemoi_profiler
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
-from anemoi_profiler.run.folder import STARTUP_WAIT_WORTH_SAYING_S
-from anemoi_profiler.tracking import LOCAL_RANK_VARIABLES, sender, startup
-from anemoi_profiler.tracking.sender import NICENESS
+from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking.spool import write_run_info
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -42,9 +41,7 @@ def report_data(callbacks: list[Any], section: str) -> dict[str, Any]:
 
 
 def ignores_sigint(pid: int) -> bool:
-    """On Linux from the child's signal mask; elsewhere from its priority, which it lowers right after."""
-    if not sys.platform.startswith("linux"):
-        return psutil.Process(pid).nice() != os.nice(0)
+    """From the child's signal mask (Linux)."""
     ignored = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
     return bool(ignored & (1 << (signal.SIGINT - 1)))
 
@@ -54,198 +51,72 @@ class BatchEndSpy(pl.Callback):
 
     def __init__(self) -> None:
         self.seen: list[type] = []
+        self.callbacks: list[Any] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if not self.seen:
-            self.seen = [type(callback) for callback in trainer.callbacks]
+            self.callbacks = list(trainer.callbacks)
+            self.seen = [type(callback) for callback in self.callbacks]
 
 
-def test_the_sender_starts_with_the_callbacks_at_a_lower_priority_and_the_sink_takes_it(tmp_path: Path) -> None:
-    training_nice = os.nice(0)
+def children() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def test_the_sender_starts_with_the_fit_and_ends_with_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    before = children()
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    prestarted = startup.waiting()
-    assert prestarted is not None, "building the callbacks starts the sender"
-    # It lowers its own priority first thing; the training keeps its own.
-    process = psutil.Process(prestarted[0].pid)
-    deadline = time.monotonic() + 10
-    while process.nice() == training_nice and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert process.nice() == training_nice + NICENESS
-    assert os.nice(0) == training_nice
-
+    assert children() == before, "building the callbacks starts no process"
+    spy = BatchEndSpy()
     train, _ = loaders(n_train=64)
-    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    trainer([*callbacks, spy], max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
-    kept = startup.waiting()
-    assert kept is not None and kept[0] is prestarted[0] and kept[0].poll() is None  # kept for the next run
+    assert children() == before, "the sender ended with the run"
+    for callback in [*callbacks, *spy.callbacks]:  # Lightning's hooks are the classes' own, none set on an instance
+        assert not [name for name in vars(callback) if name.startswith("on_")], type(callback).__name__
+    assert "start-up" not in capsys.readouterr().out  # no note on the sender's start-up at the end
 
 
-def test_the_next_run_of_the_process_takes_the_kept_sender(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    sender.end_kept()
-    train, _ = loaders(n_train=64)
-    first = profiled(tmp_path / "a", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    trainer(first, max_steps=4).fit(TinyRegressor(), train)
-    # four tiny steps end before the new sender has imported MLflow (about a second here): the end waits for it,
-    # and from half a second says so
-    waited = first[0].session.sink.end_waited_for_startup_s
-    assert 0 < waited <= first[0].session.end_seconds["close the MLflow sink"]
-    said = [line for line in capsys.readouterr().out.splitlines() if "for the MLflow sender's start-up" in line]
-    line = (
-        f"anemoi-profiler: the end waited {waited:.1f} s for the MLflow sender's start-up (a child process importing "
-        "MLflow and reaching the store); anemoi_profiler.prestart_tracking() at the top of the script, or callbacks "
-        "made before the model and its data, give it that time"
-    )
-    assert said == ([line] if waited >= STARTUP_WAIT_WORTH_SAYING_S else [])
-    kept = startup.waiting()
-    assert kept is not None and kept[0].poll() is None
-    # The next run (another store) starts with nothing to import.
-    second = profiled(tmp_path / "b", "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    assert startup.waiting() is kept  # building the callbacks started no other sender
-    trainer(second, max_steps=4).fit(TinyRegressor(), train)
-    session = second[0].session
-    again = startup.waiting()
-    assert again is not None and again[0] is kept[0]  # it served the run and is kept again
-    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
-    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
-    assert session.sink.end_waited_for_startup_s < waited  # MLflow was imported: only the new store to reach
-    sender.end_kept()
-    assert kept[0].poll() == 0 and startup.waiting() is None
+def sender_for(tmp_path: Path, uri: str, reply_timeout_s: float = sender.REPLY_TIMEOUT_S) -> sender.SenderProcess:
+    """A sender handle for a new run, as the sink makes it."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    write_run_info(spool, {"tracking_uri": uri, "experiment": "short", "run_id": None, "run_name": "short"})
+    return sender.SenderProcess(spool, uri, reply_timeout_s)
 
 
-def test_a_kept_sender_serves_with_the_mlflow_settings_of_its_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    environment = {"PATH": "/bin", "MLFLOW_TRACKING_TOKEN": "of the last run", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-    monkeypatch.setattr(os, "environ", environment)  # the sender's own environment, here a copy
-    sender._apply_mlflow_env({"MLFLOW_HTTP_REQUEST_TIMEOUT": "7", "MLFLOW_TRACKING_USERNAME": "me"})
-    # unset since the last run: not sent with this run's requests
-    assert environment == {"PATH": "/bin", "MLFLOW_HTTP_REQUEST_TIMEOUT": "7", "MLFLOW_TRACKING_USERNAME": "me"}
-
-
-def test_a_waiting_sender_ends_after_its_idle_time(tmp_path: Path) -> None:
-    spawned = sender._spawn(None, idle_exit_s=0.5)
-    process, replies = spawned.process, spawned.replies
+def test_the_sender_is_out_of_the_trainings_ctrl_c(tmp_path: Path) -> None:
+    before = children()
+    target = sender_for(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
-        assert process.wait(60) == 0  # the parent is alive and keeps its stdin open
+        assert target.ensure_run()
+        (pid,) = children() - before
+        if sys.version_info >= (3, 11):
+            assert os.getpgid(pid) == pid  # the terminal's Ctrl-C goes to the training's group
+        assert ignores_sigint(pid)
+        os.kill(pid, signal.SIGINT)  # what a Ctrl-C sends it on Python 3.10, where it shares our group
+        target.replay()  # the same sender answers
+        assert children() - before == {pid}
     finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        replies.close()
+        target.stop()
+    assert children() == before
 
 
-def test_a_sender_started_first_thing_in_a_script_imports_nothing_there_and_ends_with_it(tmp_path: Path) -> None:
-    script = (
-        "import json, sys\n"
-        "import anemoi_profiler\n"
-        f"anemoi_profiler.prestart_tracking('sqlite:///{tmp_path}/mlflow.db')\n"
-        "from anemoi_profiler.tracking import startup\n"
-        "heavy = [name for name in ('torch', 'lightning', 'mlflow', 'omegaconf') if name in sys.modules]\n"
-        "print(json.dumps({'pid': startup.waiting()[0].pid, 'heavy': heavy}), flush=True)\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert completed.returncode == 0, completed.stderr
-    started = json.loads(completed.stdout)
-    assert started["heavy"] == []  # MLflow is the child's to import; torch and Lightning the script's
-    deadline = time.monotonic() + 30
-    while psutil.pid_exists(started["pid"]) and psutil.Process(started["pid"]).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the prestarted sender outlived its parent"
-        time.sleep(0.05)
-    assert not (tmp_path / "mlflow.db").exists()  # it only imported MLflow: no store made for nothing
-
-
-def test_the_first_run_takes_the_sender_the_script_started(tmp_path: Path) -> None:
-    sender.end_kept()
-    anemoi_profiler.prestart_tracking(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    started = startup.waiting()
-    assert started is not None and started[0].poll() is None
-    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
-    assert startup.waiting() is started  # building the callbacks started no other sender
-    train, _ = loaders(n_train=64)
-    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
-    session = callbacks[0].session
-    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
-    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
-    kept = startup.waiting()
-    assert kept is not None and kept[0] is started[0]  # it served the run, and is kept for the next
-
-
-@pytest.mark.parametrize(
-    ("launcher", "starts"),
-    [
-        ({}, True),
-        ({"LOCAL_RANK": "1"}, False),  # torchrun, Lightning's own launcher
-        ({"SLURM_LOCALID": "2"}, False),  # srun, before Lightning sets anything
-        ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, False),
-        ({"LOCAL_RANK": "0", "SLURM_LOCALID": "3"}, True),  # torchrun inside one srun task: torchrun's counts
-    ],
-)
-def test_only_each_nodes_first_process_starts_a_sender(
-    monkeypatch: pytest.MonkeyPatch, launcher: dict[str, str], starts: bool
-) -> None:
-    for name in LOCAL_RANK_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in launcher.items():
-        monkeypatch.setenv(name, value)
-    sender.end_kept()
-    anemoi_profiler.prestart_tracking("http://127.0.0.1:1")
-    assert (startup.waiting() is not None) == starts
-    sender.end_kept()
-
-
-def test_the_sender_stays_in_the_trainings_session_and_out_of_its_ctrl_c(tmp_path: Path) -> None:
-    # A session of its own is a scheduling group of its own (Linux's autogroups), which its nice level and
-    # idle-time import do not reach.
-    sender.end_kept()
-    callbacks = profiled(tmp_path, "report.html=false", "report.console=false")
-    process = startup.waiting()[0]
-    assert os.getsid(process.pid) == os.getsid(0)
-    if sys.version_info >= (3, 11):
-        assert os.getpgid(process.pid) == process.pid  # the terminal's Ctrl-C goes to the training's group
-    deadline = time.monotonic() + 10
-    while not ignores_sigint(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGINT)  # what a Ctrl-C sends it on Python 3.10, where it shares our group
-    train, _ = loaders(n_train=64)
-    trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
-    session = callbacks[0].session
-    assert session.sink.run_id and process.poll() is None  # the same sender served the run, and is kept
-    assert MlflowClient(session.tracking_uri).get_run(session.sink.run_id).info.status == "FINISHED"
-
-
-def imported_by_the_sender(store_module: str | None, tmp_path: Path) -> list[str]:
-    """Which of pandas, numpy, MLflow's client and `store_module` a fresh sender's start-up imported."""
-    script = (
-        "import json, sys\n"
-        "from anemoi_profiler.tracking import sender\n"
-        f"sender._import_mlflow({store_module!r})\n"
-        f"names = ('pandas', 'numpy', 'mlflow.tracking', {store_module!r})\n"
-        "print(json.dumps([name for name in names if name in sys.modules]))\n"
-    )
-    environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    completed = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=environment
-    )
-    assert completed.returncode == 0, completed.stderr
-    return json.loads(completed.stdout)
-
-
-@pytest.mark.parametrize("store_module", ["mlflow.store.tracking.sqlalchemy_store", None], ids=["sqlite", "server"])
-def test_the_sender_starts_without_what_mlflow_imports_only_for_datasets(
-    store_module: str | None, tmp_path: Path
-) -> None:
-    imported = imported_by_the_sender(store_module, tmp_path)
-    assert imported == ["mlflow.tracking", *([store_module] if store_module else [])]
-
-
-def test_a_store_that_needs_what_is_left_out_still_gets_it(tmp_path: Path) -> None:
-    (tmp_path / "store_needing_pandas.py").write_text("import pandas\n")
-    imported = imported_by_the_sender("store_needing_pandas", tmp_path)
-    assert imported == ["pandas", "numpy", "mlflow.tracking", "store_needing_pandas"]
+def test_a_sender_that_does_not_answer_is_stopped_and_the_wait_ends(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers: the sink's thread waits `reply_timeout_s`, not
+    MLflow's own timeouts and retries, and the stuck sender is killed (the next request starts a new one)."""
+    before = children()
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        target = sender_for(tmp_path, f"http://127.0.0.1:{silent.getsockname()[1]}", reply_timeout_s=3.0)
+        with pytest.raises(sender.SenderError, match=r"no answer in 3 s"):
+            target.ensure_run()
+        assert children() == before
 
 
 def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:
-    sender.end_kept()  # the first run of a process: its sender starts with the callbacks
     callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
     train, _ = loaders(n_train=16 * 10)
     trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)

@@ -15,7 +15,7 @@ from anemoi_profiler.layout import kernel_names_path, window_summary_path
 from anemoi_profiler.profiling import window_summaries
 from anemoi_profiler.profiling.window_summaries import WindowSummaries
 from anemoi_profiler.run import window_exchange
-from anemoi_profiler.run.clock import RankTotals
+from anemoi_profiler.run.clock import ExchangeControl, RankTotals
 from anemoi_profiler.run.session import ProfilerSession
 from anemoi_profiler.run.window_exchange import WindowExchange
 
@@ -75,10 +75,12 @@ def test_received_returns_before_the_worker_reads_the_names_and_finish_waits_for
     exchange = WindowExchange(session, summaries, None, dict)
     gate = threading.Event()
     readers = _recording_threads(monkeypatch, window_exchange, "_read_names", gate)
-    local = RankTotals()
-    exchange.outgoing(local)
-    assert local.windows_ready == 1
-    exchange.received(step=10, ranks=[local])  # the training thread: the gather, then it hands over
+    control = ExchangeControl()
+    exchange.outgoing(control)
+    assert control.windows_ready == 1
+    exchange.received(
+        step=10, ranks=[RankTotals()], controls=[control]
+    )  # the training thread: the gather, then it hands over
     assert not window_summary_path(tmp_path, "train", 0, ".csv").exists()  # the worker waits at the gate
     gate.set()
     exchange.finish()

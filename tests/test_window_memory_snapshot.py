@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.run.clock import RankTotals
+from anemoi_profiler.run.clock import ExchangeControl, RankTotals
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.triggers import TriggerWatch, window_entries, windows_section
 
@@ -19,9 +19,8 @@ def test_the_memory_trigger_plans_a_snapshot_on_the_climbing_rank_not_assessed_o
     while watch.pending is None and step < 400:
         step += 20
         climbing = 1000.0 + (10.0 * step if step > 100 else 0.0)
-        watch.received(
-            step, [RankTotals(20, elapsed_s=2.0, cpu_rss_mb=1000.0), RankTotals(20, elapsed_s=2.0, cpu_rss_mb=climbing)]
-        )
+        ranks = [RankTotals(20, elapsed_s=2.0, cpu_rss_mb=1000.0), RankTotals(20, elapsed_s=2.0, cpu_rss_mb=climbing)]
+        watch.received(step, ranks, [ExchangeControl()] * 2)
     assert watch.pending is not None, "the memory trigger did not fire"
     assert watch.pending.reason == "memory" and watch.pending.ranks == [1] and watch.pending.memory
 
@@ -41,7 +40,7 @@ def test_a_window_without_a_snapshot_says_none(tmp_path: Path) -> None:
     while watch.pending is None and step < 2000:
         step += 20
         step_ms = 100.0 if step <= 400 else 150.0
-        watch.received(step, [RankTotals(batches=20, elapsed_s=20 * step_ms / 1000)])
+        watch.received(step, [RankTotals(batches=20, elapsed_s=20 * step_ms / 1000)], [ExchangeControl()])
     plan = watch.open_pending(0, step + 2)
     assert plan is not None and plan.reason == "drift" and not plan.memory
     (entry,) = window_entries(tmp_path, [plan], {}, "cuda")

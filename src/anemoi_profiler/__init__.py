@@ -27,7 +27,6 @@ _EXPORTS = {
     "SystemMetricsCallback": "callbacks",
     "ThroughputCallback": "callbacks",
     "TorchProfilerCallback": "callbacks",
-    "prestart_tracking": "tracking",
     "profile_component": "component",
 }
 

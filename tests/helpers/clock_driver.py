@@ -1,4 +1,4 @@
-"""The stage clock driven by hand: a host clock the test moves, a listener that keeps the laps, and the clock's
+"""The stage clock driven by hand: a host clock the test moves, a listener that keeps the intervals, and the clock's
 hooks called as Lightning's loop calls them. No Trainer: the hooks get a namespace with the three things the clock
 reads from one (`sanity_checking`, `state.fn`, `global_step`)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.run.clock import Lap, OwnWorkClock, RankTotals, StageClock
+from anemoi_profiler.run.clock import LogInterval, OwnWorkClock, RankTotals, StageClock
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
 
@@ -33,17 +33,17 @@ CPU = torch.device("cpu")
 BATCH = torch.zeros(8, 2)
 
 
-class LapRecorder:
-    """A listener that counts 8 samples a batch and keeps every lap it is handed: (stage, step, batches, ms)."""
+class IntervalRecorder:
+    """A listener that counts 8 samples a batch and keeps every interval it is handed: (stage, step, batches, ms)."""
 
     def __init__(self) -> None:
-        self.laps: list[tuple[str, int, int, float]] = []
+        self.intervals: list[tuple[str, int, int, float]] = []
         self.ranks: list[list[RankTotals] | None] = []
 
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
         return int(batch.shape[0]), 0
 
-    def lap_extras(self, stage: str) -> dict[str, float]:
+    def interval_extras(self, stage: str) -> dict[str, float]:
         return {}
 
     def rank_values(self, stage: str) -> dict[str, float]:
@@ -52,8 +52,13 @@ class LapRecorder:
     def first_train_batch(self, batch: Any, ended: bool) -> None:
         pass
 
-    def report_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: Any) -> None:
-        self.laps += [(stage, lap.step, lap.batches, seconds / lap.batches * 1000) for lap, seconds in laps]
+    def report_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: Any
+    ) -> None:
+        self.intervals += [
+            (stage, interval.step, interval.batches, seconds / interval.batches * 1000)
+            for interval, seconds in intervals
+        ]
         self.ranks.append(ranks)
 
 
@@ -73,7 +78,7 @@ class ClockDriver:
             lambda: True,
             now=self.time,
         )
-        self.recorder = LapRecorder()
+        self.recorder = IntervalRecorder()
         self.clock.join(self.recorder, counts=True, has_extras=False)
         self.trainer = SimpleNamespace(sanity_checking=False, global_step=0, state=SimpleNamespace(fn="fit"))
         self.batches = 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.run.clock import RankTotals
+from anemoi_profiler.run.clock import ExchangeControl, RankTotals
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.triggers import TriggerWatch
 from anemoi_profiler.triggers.requests import new_request, write_request
@@ -36,16 +36,19 @@ def main(rank: int, port: int, world_size: int, run_dir: Path) -> None:
         time.sleep(0.5)  # the poller has read the request
     sizes = set()
     for interval in range(1, 4):
-        local = RankTotals(batches=10, elapsed_s=0.1)
-        watch.outgoing(local)
-        sizes.add(len(local.to_list()))
-        gathered = exchange.gather(local.to_list())
+        local, control = RankTotals(batches=10, elapsed_s=0.1), ExchangeControl()
+        watch.outgoing(control)
+        sent = local.to_list() + control.to_list()
+        sizes.add(len(sent))
+        gathered = exchange.gather(sent)
         assert gathered is not None
-        watch.received(10 * interval, [RankTotals.from_list(values) for values in gathered])
+        size = len(local.to_list())
+        ranks = [RankTotals.from_list(values[:size]) for values in gathered]
+        watch.received(10 * interval, ranks, [ExchangeControl.from_list(values[size:]) for values in gathered])
         if watch.pending is not None:
             break
     exchange.close()
-    assert sizes == {len(RankTotals().to_list())}, "the request grew the exchange"
+    assert sizes == {len(RankTotals().to_list()) + len(ExchangeControl().to_list())}, "the request grew the exchange"
     assert watch.pending is not None and watch.pending.reason == "request", "no window planned"
     assert watch.pending.ranks == NAMED[:3], watch.pending.ranks
     assert watch.pending.decided_at_step == 10, "not served at the first exchange"

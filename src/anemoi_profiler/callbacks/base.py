@@ -7,34 +7,17 @@ profiler hook is logged once and that callback stops measuring, but training goe
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..config import ConfigSource, ProfilerConfig
+from ..logs import get_logger
 from ..report import ReportSection
 from ..run.session import ProfilerSession
-from ..tracking.startup import skip_unused_hooks
 from .lightning_callback import Callback
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
-
-# The hooks Lightning calls every batch: a callback that does not override one takes it off its instance.
-PER_BATCH_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
-    "on_validation_batch_start",
-    "on_validation_batch_end",
-    "on_test_batch_start",
-    "on_test_batch_end",
-    "on_predict_batch_start",
-    "on_predict_batch_end",
-)
 
 
 def guarded(hook: F) -> F:
@@ -56,7 +39,7 @@ def guarded(hook: F) -> F:
 
 def log_failure(callback: Any, hook: str, error: Exception) -> None:
     log.warning(
-        "anemoi-profiler: %s stopped measuring after an error in %s: %s: %s (training continues)",
+        "%s stopped measuring after an error in %s: %s: %s (training continues)",
         type(callback).__name__,
         hook,
         type(error).__name__,
@@ -80,7 +63,6 @@ class ProfilerCallback(Callback):
         self.config = self.session.config
         self._may_share = session is None
         self.disabled = False
-        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._may_share:
@@ -121,7 +103,7 @@ class ProfilerCallback(Callback):
                 return
         if earlier:
             log.warning(
-                "anemoi-profiler: %s has another config than %s, so each writes its own run folder and MLflow run; "
+                "%s has another config than %s, so each writes its own run folder and MLflow run; "
                 "give them the same config (or use build_callbacks) to share one",
                 type(self).__name__,
                 type(earlier[0]).__name__,
@@ -143,7 +125,7 @@ class ProfilerCallback(Callback):
                     raise TypeError(f"summarize returned {type(sections).__name__}, expected a list of ReportSection")
                 self.session.add_summary(sections, summary)
         except Exception as error:
-            log.warning("anemoi-profiler: %s could not summarize: %s", type(self).__name__, error)
+            log.warning("%s could not summarize: %s", type(self).__name__, error)
         finally:
             if self.session.available:
                 self.stop_background_work()

@@ -9,16 +9,16 @@ Whatever happens, `hta/summary.json` says what ran, what was skipped and why.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from ..analysis import HtaNotInstalledError, NoTracesError, TraceError, analyze
 from ..layout import HTA_DIR, HTA_SUMMARY_FILE
+from ..logs import get_logger
 from ..report import ReportSection
 from ..run import trainer_info
 from .base import ProfilerCallback
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class HtaCallback(ProfilerCallback):
@@ -41,7 +41,7 @@ class HtaCallback(ProfilerCallback):
             reason = " ".join(str(error).split())
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / HTA_SUMMARY_FILE).write_text(json.dumps({"ran": [], "skipped": {"all": reason}}, indent=2))
-            log.warning("anemoi-profiler: HTA skipped: %s", reason)
+            log.warning("HTA skipped: %s", reason)
             return ReportSection.key_values("HTA", {"skipped": (reason, "")})
         self.session.log_metrics(summary["metrics"], step)
         return self._section(summary)

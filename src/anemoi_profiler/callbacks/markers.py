@@ -15,16 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..run.clock import BatchGaps
-from ..tracking.startup import skip_unused_hooks
-from .base import PER_BATCH_HOOKS, Callback
+from .base import Callback
 
 
 class _Mark(Callback):
-    """A mark does nothing but note the time; Lightning skips the hooks it does not use."""
+    """A mark does nothing but note the time."""
 
     def __init__(self, gaps: BatchGaps) -> None:
         self.gaps = gaps
-        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)
 
 
 class FirstCallbackMark(_Mark):

@@ -13,7 +13,6 @@ unchanged. Recording is always switched off at the end of the window and when th
 
 from __future__ import annotations
 
-import logging
 import pickle
 import time
 from dataclasses import dataclass
@@ -22,13 +21,14 @@ from typing import Any
 
 from .. import names
 from ..layout import snapshot_path
+from ..logs import get_logger
 from ..measure.snapshot_reader import summarize_snapshot
 from ..profiling.torch_private import memory_snapshot, record_memory_history, stop_memory_history
 from ..report import GB, MB, ReportSection
 from ..run import trainer_info
 from .base import ProfilerCallback, guarded
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 VIEWER = "https://pytorch.org/memory_viz"
 
@@ -56,7 +56,7 @@ def dump_snapshot(path: Path, trigger: str) -> SnapshotDump:
         pickle.dump(snapshot, file)
     dump = SnapshotDump(path, trigger, path.stat().st_size, time.perf_counter() - started, summarize_snapshot(snapshot))
     log.info(
-        "anemoi-profiler: memory snapshot (%s) written to %s: %.1f MB in %.2f s; open it at %s",
+        "memory snapshot (%s) written to %s: %.1f MB in %.2f s; open it at %s",
         trigger,
         path,
         dump.size_bytes / MB,
@@ -102,7 +102,7 @@ class MemorySnapshotCallback(ProfilerCallback):
         device = trainer_info.root_device(trainer)
         self.skipped_reason = None if device.type == "cuda" else f"memory snapshot needs CUDA; skipped on {device.type}"
         if self.skipped_reason:
-            log.warning("anemoi-profiler: %s", self.skipped_reason)
+            log.warning("%s", self.skipped_reason)
         self.rank = self.session.global_rank
         self.batches_seen = 0
         # -1 never matches the batch counter: that is how CPU runs skip the window at no per-batch cost.
@@ -181,7 +181,7 @@ class MemorySnapshotCallback(ProfilerCallback):
         try:
             self._stop_recording()
         except Exception as error:  # stopping must never mask how the run ended
-            log.warning("anemoi-profiler: could not stop CUDA memory history recording: %s", error)
+            log.warning("could not stop CUDA memory history recording: %s", error)
 
     # ---- report ----
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from torchinfo import torchinfo as torchinfo_module
 
 from ..config import ConfigSource, ProfilerConfig
 from ..layout import MODEL_SUMMARY_FILE
+from ..logs import get_logger
 from ..report import ReportSection
 from ..run import trainer_info
 from ..run.clock import eager
@@ -46,7 +46,7 @@ from ..run.parallelism import GROUP_ATTRIBUTES, Parallelism
 from ..run.session import ProfilerSession
 from .base import ProfilerCallback, guarded
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DESCRIPTION_CHARS = 300
 COLUMNS = ("input_size", "output_size", "num_params", "mult_adds", "trainable")
@@ -139,7 +139,7 @@ def summarize_model(
 
 
 def _static_because(model: nn.Module, reason: str) -> ModelSummary:
-    log.warning("anemoi-profiler: model summary without a forward pass (parameter counts only): %s", reason)
+    log.warning("model summary without a forward pass (parameter counts only): %s", reason)
     return static_model_summary(model, reason)
 
 

@@ -22,7 +22,7 @@ from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..reports import steady
 from ..run import lightning_private, trainer_info
-from ..run.clock import STAGES, Lap, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
+from ..run.clock import STAGES, LogInterval, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
@@ -176,19 +176,25 @@ class ThroughputCallback(StageCallback):
     def rank_values(self, stage: str) -> dict[str, float]:
         return {"flops_per_sample": self.flops_per_sample or 0.0}
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
+    def on_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
+    ) -> None:
         if not self.session.is_global_zero:
             return
-        for lap, seconds in laps:
-            self.session.log_metrics(self._device_rates(stage, lap.batches, lap.samples, lap.items, seconds), lap.step)
-        batches, seconds = sum(lap.batches for lap, _ in laps), sum(seconds for _, seconds in laps)
-        samples, items = sum(lap.samples for lap, _ in laps), sum(lap.items for lap, _ in laps)
+        for interval, seconds in intervals:
+            self.session.log_metrics(
+                self._device_rates(stage, interval.batches, interval.samples, interval.items, seconds), interval.step
+            )
+        batches = sum(interval.batches for interval, _ in intervals)
+        seconds = sum(seconds for _, seconds in intervals)
+        samples = sum(interval.samples for interval, _ in intervals)
+        items = sum(interval.items for interval, _ in intervals)
         figures = self._device_rates(stage, batches, samples, items, seconds)
         if ranks:
             global_rates = self._global_rates(stage, ranks)
             figures |= global_rates
-            self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), laps[-1][0].step)
-        self.intervals[stage].append(steady.Interval(laps[-1][0].step, batches, seconds, figures))
+            self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), intervals[-1][0].step)
+        self.intervals[stage].append(steady.Interval(intervals[-1][0].step, batches, seconds, figures))
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
@@ -278,10 +284,7 @@ class ThroughputCallback(StageCallback):
             notes.append(
                 f"{share} of the measured training ({measured_s:.2g} s) ran beside the profiler's own start-up (its "
                 "MLflow sender, a separate process, importing MLflow and creating the run), which can read them "
-                "slower even with a core free for it (docs/benchmarks.md, short runs). A longer run, more "
-                "warmup_steps, callbacks made before the model and "
-                "its data (the sender then starts up while they are built), or a later run of the same process (its "
-                "sender is kept) measures without it."
+                "slower even with a core free for it. A longer run or more warmup_steps measures without it."
             )
         if is_compiled(self._pl_module) and self.flops_per_sample:
             notes.append(
@@ -316,7 +319,7 @@ class ThroughputCallback(StageCallback):
         seconds, its share of the training time, and the rates with it (what a clock around whole epochs reads).
 
         With several ranks, the longest rank's, which the clock made every rank's (the others wait for it in the
-        epoch's first step, see `StageClock.lap`)."""
+        epoch's first step, see `StageClock.end_interval`)."""
         ranks = [rank for rank in ranks if rank.elapsed_s > 0]
         if not any(rank.epoch_starts for rank in ranks):
             return None

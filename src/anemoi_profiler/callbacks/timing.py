@@ -15,7 +15,7 @@ from .. import names
 from ..report import MB, ReportSection
 from ..reports import steady
 from ..run import trainer_info
-from ..run.clock import STAGES, Lap, RankTotals
+from ..run.clock import STAGES, LogInterval, RankTotals
 from ..run.rank_figures import (
     MEMORY_PEAKS,
     collective_wait_figures,
@@ -43,7 +43,7 @@ class StepTimingCallback(StageCallback):
         if self.cuda_device is not None:
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
 
-    def lap_extras(self, stage: str) -> dict[str, float]:
+    def interval_extras(self, stage: str) -> dict[str, float]:
         if stage != "train":  # validation peaks stay in the counters and show in the next training interval
             return {}
         extras = {names.CPU_RSS_MB: self.resident.memory_info().rss / MB}
@@ -62,20 +62,23 @@ class StepTimingCallback(StageCallback):
             return {}
         return {field: self._readings[key] for field, key in MEMORY_PEAKS.items() if key in self._readings}
 
-    def on_laps(self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None) -> None:
+    def on_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
+    ) -> None:
         if not self.session.is_global_zero:
             return
-        for lap, seconds in laps:
-            metrics = dict(lap.extras)
+        for interval, seconds in intervals:
+            metrics = dict(interval.extras)
             if self.session.world_size > 1:  # with one rank these equal the figures below
-                metrics[names.timing(stage, "device/step_ms")] = seconds / lap.batches * 1000
-            self.session.log_metrics(metrics, lap.step)
+                metrics[names.timing(stage, "device/step_ms")] = seconds / interval.batches * 1000
+            self.session.log_metrics(metrics, interval.step)
         if ranks:
             across = self._across_ranks(stage, ranks)
-            self.session.log_metrics(across, laps[-1][0].step)
+            self.session.log_metrics(across, intervals[-1][0].step)
             times = {key: value for key, value in across.items() if not key.startswith(names.MEMORY)}
-            batches, seconds = sum(lap.batches for lap, _ in laps), sum(seconds for _, seconds in laps)
-            self.intervals[stage].append(steady.Interval(laps[-1][0].step, batches, seconds, times))
+            batches = sum(interval.batches for interval, _ in intervals)
+            seconds = sum(seconds for _, seconds in intervals)
+            self.intervals[stage].append(steady.Interval(intervals[-1][0].step, batches, seconds, times))
 
     def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         metrics = step_figures(stage, ranks)

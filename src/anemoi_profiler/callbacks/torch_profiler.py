@@ -8,13 +8,13 @@ first scheduled batch and stops after the last cycle.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from typing import Any
 
 from ..config import ConfigSource, ProfilerConfig
 from ..layout import TRACES_DIR, window_snapshot_path
+from ..logs import get_logger
 from ..profiling.operator_reports import summarize_windows
 from ..profiling.recorder import WindowRecorder
 from ..profiling.schedule import WindowSchedule
@@ -31,7 +31,7 @@ from ..triggers.requests import SERVED_TAG, served_tag
 from .base import ProfilerCallback, guarded
 from .memory_snapshot import WindowSnapshot
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class TorchProfilerCallback(ProfilerCallback):
@@ -55,7 +55,7 @@ class TorchProfilerCallback(ProfilerCallback):
         conflicting = _torch_based_profiler(trainer)
         if conflicting:
             log.warning(
-                "anemoi-profiler: the Trainer runs Lightning's %s (profiler=...), which also uses torch.profiler; "
+                "the Trainer runs Lightning's %s (profiler=...), which also uses torch.profiler; "
                 "two torch profilers cannot run at once, so TorchProfilerCallback is off for this run (training "
                 "continues). Remove profiler= from the Trainer to get anemoi-profiler's windows, traces and reports.",
                 conflicting,
@@ -156,7 +156,7 @@ class TorchProfilerCallback(ProfilerCallback):
         training = self._recorders["train"]
         if training is not None and training.busy:
             log.info(
-                "anemoi-profiler: a validation run started inside a training profiling window; it is not profiled "
+                "a validation run started inside a training profiling window; it is not profiled "
                 "on its own and shows in the training trace"
             )
             return
@@ -293,7 +293,7 @@ class TorchProfilerCallback(ProfilerCallback):
         try:
             self._snapshot = WindowSnapshot(options.max_entries, shared=options.enabled)
         except Exception as error:  # the window's trace goes on without it
-            log.warning("anemoi-profiler: no memory snapshot of window %s: %s", plan.window, error)
+            log.warning("no memory snapshot of window %s: %s", plan.window, error)
 
     def _dump_snapshot(self, plan: WindowPlan) -> None:
         snapshot, self._snapshot = self._snapshot, None
@@ -303,12 +303,12 @@ class TorchProfilerCallback(ProfilerCallback):
         try:
             snapshot.dump(path, f"{plan.reason} window {plan.window}")
         except Exception as error:  # a snapshot never ends the training it observes
-            log.warning("anemoi-profiler: no memory snapshot of window %d: %s", plan.window, error)
+            log.warning("no memory snapshot of window %d: %s", plan.window, error)
 
     def _warn_shortfall(self, stage: str, batches: int, run: str) -> None:
         problem = self._schedules[stage].shortfall(batches, f"profiler.{stage}", run)
         if problem:
-            log.warning("anemoi-profiler: %s", problem)
+            log.warning("%s", problem)
 
     # ---- end of run ----
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
@@ -355,8 +355,7 @@ class TorchProfilerCallback(ProfilerCallback):
             traces_dir = self.session.run_dir / TRACES_DIR
             self.session.keep_local(traces_dir)
             log.info(
-                "anemoi-profiler: traces (%s) are not uploaded to MLflow (profiler.upload_traces_max_mb=%g); "
-                "they are in %s",
+                "traces (%s) are not uploaded to MLflow (profiler.upload_traces_max_mb=%g); they are in %s",
                 format_value(upload.total_mb, "MB"),
                 upload.limit_mb,
                 traces_dir,
@@ -370,7 +369,7 @@ class TorchProfilerCallback(ProfilerCallback):
             try:
                 self._stop(stage)
             except Exception as error:
-                log.warning("anemoi-profiler: stopping the %s profiler failed: %s", stage, error)
+                log.warning("stopping the %s profiler failed: %s", stage, error)
         if self._windows is not None:
             self._windows.close()
 

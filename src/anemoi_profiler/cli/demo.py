@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError
-from ..tracking import prestart_tracking
 from . import config as config_command
 
 NAME = "demo"
@@ -28,8 +27,6 @@ def run(args: argparse.Namespace) -> int:
     config = config_command.load_config(args)
     if args.max_steps < 1:
         raise ConfigError(f"--max-steps: got {args.max_steps}, expected an integer >= 1")
-    if config.tracking.enabled:  # MLflow's client starts up while torch and Lightning are imported
-        prestart_tracking(config.tracking.uri)
     from ..demo import run_demo  # torch and Lightning only now
 
     run_demo(config, max_steps=args.max_steps, slow_data=args.slow_data)

@@ -10,18 +10,17 @@ and the model summary runs the forward pass on the inputs anemoi's step makes of
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_callbacks
-from ..callbacks.base import PER_BATCH_HOOKS, Callback, ProfilerCallback
+from ..callbacks.base import Callback, ProfilerCallback
 from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
-from ..tracking.startup import skip_unused_hooks
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def grid_points_counter(pl_module: Any) -> Callable[[Any], int]:
@@ -72,7 +71,6 @@ class AnemoiProfiler(Callback):
         assert isinstance(tree, DictConfig)  # merged from two mappings
         self.config = ProfilerConfig.load(tree, list(overrides))
         self.members: list[ProfilerCallback] = []
-        skip_unused_hooks(self, Callback, PER_BATCH_HOOKS)  # it measures nothing itself
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.members:
@@ -82,7 +80,7 @@ class AnemoiProfiler(Callback):
                 self.config, length_fn=grid_points_counter(pl_module), input_fn=model_inputs(pl_module)
             )
         except Exception as error:
-            log.warning("anemoi-profiler: not profiling, could not build its callbacks: %s (training goes on)", error)
+            log.warning("not profiling, could not build its callbacks: %s (training goes on)", error)
             return
         # Lightning iterates `trainer.callbacks` itself while calling `setup`: the members come next in that loop.
         position = trainer.callbacks.index(self) + 1

@@ -6,7 +6,6 @@ peak counters are reset before each profiled step (that is what makes them per s
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from pathlib import Path
@@ -14,9 +13,10 @@ from typing import Any
 
 import torch
 
+from ..logs import get_logger
 from ..report import MB
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MAX_STEPS_KEPT = 1000
 """Per-step rows kept for the report; maxima and totals cover every profiled step."""
@@ -84,6 +84,6 @@ def export_memory_timeline(prof: Any, path: Path, device: torch.device) -> float
         prof.export_memory_timeline(str(path), device=f"cuda:{device.index or 0}")
     seconds = time.perf_counter() - started
     if not path.is_file():  # torch prints a message and writes nothing when matplotlib is missing
-        log.warning("anemoi-profiler: no memory timeline written to %s (it needs matplotlib)", path)
+        log.warning("no memory timeline written to %s (it needs matplotlib)", path)
         return None
     return seconds

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,11 +17,12 @@ import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from ..config_sections import TorchProfilerConfig
+from ..logs import get_logger
 from .schedule import WindowSchedule
 from .torch_private import cuda_sync_events_config
 from .traces import RANK_INFO_KEY
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 WindowHandler = Callable[[Any, str, int], None]
 """Called with (profile, stage, recorded steps) when a window is complete."""
@@ -40,7 +40,7 @@ def effective_options(options: TorchProfilerConfig, device: torch.device) -> Tor
     needed = ("with_stack", "record_shapes", "profile_memory")
     if not (options.memory_timeline and uses_cuda(device)) or all(getattr(options, n) for n in needed):
         return options
-    log.info("anemoi-profiler: profiler.memory_timeline turns on profiler.%s", ", profiler.".join(needed))
+    log.info("profiler.memory_timeline turns on profiler.%s", ", profiler.".join(needed))
     return dataclasses.replace(options, with_stack=True, record_shapes=True, profile_memory=True)
 
 
@@ -130,7 +130,7 @@ class WindowRecorder:
         try:
             self._profile.__exit__(None, None, None)
         except Exception as error:
-            log.debug("anemoi-profiler: stopping a failed profiler: %s", error)
+            log.debug("stopping a failed profiler: %s", error)
 
     def _trace_ready(self, prof: Any) -> None:
         steps, self._recorded = self._recorded, 0
@@ -138,7 +138,7 @@ class WindowRecorder:
             self._on_window(prof, self.stage, steps)
         except Exception as error:  # a failed export must not stop the profiler's own bookkeeping
             log.warning(
-                "anemoi-profiler: could not save the %s profiling window: %s: %s",
+                "could not save the %s profiling window: %s: %s",
                 self.stage,
                 type(error).__name__,
                 error,

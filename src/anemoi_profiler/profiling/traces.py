@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,9 +19,10 @@ import torch.distributed as dist
 
 from ..config_sections import TorchProfilerConfig
 from ..layout import HELD_SUFFIX, TRACES_DIR, trace_path
+from ..logs import get_logger
 from ..report import MB, format_value
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 RANK_INFO_KEY = "distributedInfo"
 UNWRITABLE_BUDGETS = 4
@@ -174,7 +174,7 @@ class TraceWriter:
         self.info = rank_info(rank, world_size)
         self.budget = TraceBudget(options)
         self.skipped: list[str] = []
-        self._warned: set[str] = set()
+        self._said: set[object] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-traces")
         self._pending: list[Future[Path | None]] = []
 
@@ -185,12 +185,13 @@ class TraceWriter:
     def check_next_window(self, stage: str, active: int) -> None:
         """Warn (once per stage) before a window whose trace the last one says will be over the budget."""
         estimate = self.budget.estimate(stage, active)
-        if estimate is None or estimate <= self.budget.budget_bytes or stage in self._warned:
+        if estimate is None or estimate <= self.budget.budget_bytes:
             return
-        self._warned.add(stage)
         fate = "" if self.budget.writable(estimate) else "; it will not be written (no viewer opens such a trace)"
-        log.warning(
-            "anemoi-profiler: the next %s profiling window's trace will be about %s, over "
+        log.warning_once(
+            self._said,
+            stage,
+            "the next %s profiling window's trace will be about %s, over "
             "profiler.trace_budget_mb=%g%s. To shrink it, %s.",
             stage,
             format_value(estimate / MB, "MB"),
@@ -215,7 +216,7 @@ class TraceWriter:
             exported.unlink()
             self.skipped.append(name)
             log.warning(
-                "anemoi-profiler: trace of %s not written: %s is over %d x profiler.trace_budget_mb=%g, "
+                "trace of %s not written: %s is over %d x profiler.trace_budget_mb=%g, "
                 "too large for any trace viewer. To shrink it, %s.",
                 name,
                 format_value(size / MB, "MB"),
@@ -226,10 +227,11 @@ class TraceWriter:
             not_written: Future[Path | None] = Future()
             not_written.set_result(None)
             return not_written
-        if size > self.budget.budget_bytes and stage not in self._warned:
-            self._warned.add(stage)
-            log.warning(
-                "anemoi-profiler: trace of %s is %s, over profiler.trace_budget_mb=%g. To shrink it, %s.",
+        if size > self.budget.budget_bytes:
+            log.warning_once(
+                self._said,
+                stage,
+                "trace of %s is %s, over profiler.trace_budget_mb=%g. To shrink it, %s.",
                 name,
                 format_value(size / MB, "MB"),
                 self.options.trace_budget_mb,
@@ -254,7 +256,7 @@ class TraceWriter:
             try:
                 future.result()
             except Exception as error:
-                log.warning("anemoi-profiler: could not write a trace: %s: %s", type(error).__name__, error)
+                log.warning("could not write a trace: %s: %s", type(error).__name__, error)
 
     def close(self) -> None:
         self.flush()

@@ -11,18 +11,18 @@ training thread never writes it.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..logs import get_logger
 from .kineto_events import reads_in_process, window_events_from_kineto, window_events_from_saved
 from .torch_private import kineto_results
 from .trace_stream import read_window_events
 from .window_summary import WindowSummary, summarize
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 WindowKey = tuple[str, int]
 """(stage, window index)."""
@@ -34,7 +34,7 @@ class WindowSummaries:
         self._names_path = names_path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
         self._pending: dict[WindowKey, Future[WindowSummary]] = {}
-        self._warned = False
+        self._said: set[object] = set()
         self.in_process = reads_in_process()
 
     def submit(self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None) -> None:
@@ -66,11 +66,9 @@ class WindowSummaries:
             try:
                 summaries[key] = future.result()
             except Exception as error:
-                if not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "anemoi-profiler: could not summarise window %s: %s: %s", key, type(error).__name__, error
-                    )
+                log.warning_once(
+                    self._said, "failed", "could not summarise window %s: %s: %s", key, type(error).__name__, error
+                )
         return summaries
 
     def collect(self) -> dict[WindowKey, WindowSummary]:
@@ -88,7 +86,7 @@ def write_kernel_names(path: Path, summary: WindowSummary) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary.name_table(), indent=1))
     except OSError as error:
-        log.warning("anemoi-profiler: kernel names not written to %s: %s", path, error)
+        log.warning("kernel names not written to %s: %s", path, error)
 
 
 def _summarize_in_process(results: Any, names_path: Path | None) -> WindowSummary:

@@ -20,14 +20,15 @@ reuse buffers that the exchange holds until the group is gone, and `close` frees
 from __future__ import annotations
 
 import gc
-import logging
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger(__name__)
+from ..logs import get_logger
+
+log = get_logger(__name__)
 
 
 class RankExchange:
@@ -59,7 +60,7 @@ class RankExchange:
         except Exception as error:  # a rank died or hung: stop exchanging, keep training
             self._group = None
             log.warning(
-                "anemoi-profiler: rank %d stopped exchanging measurements with the other ranks (%s: %s); "
+                "rank %d stopped exchanging measurements with the other ranks (%s: %s); "
                 "global figures are no longer logged",
                 self.rank,
                 type(error).__name__,
@@ -83,7 +84,7 @@ class RankExchange:
             dist.all_gather_object(texts, text, group=self._group)
         except Exception as error:  # as in `gather`: stop exchanging, keep training
             self._group = None
-            log.warning("anemoi-profiler: rank %d could not exchange %r with the others: %s", self.rank, text, error)
+            log.warning("rank %d could not exchange %r with the others: %s", self.rank, text, error)
             return [text]
         return [str(value) for value in texts]
 
@@ -99,7 +100,7 @@ class RankExchange:
             dist.broadcast_object_list(sent, src=0, group=self._group)
         except Exception as error:  # as in `gather`: stop exchanging, keep training
             self._group = None
-            log.warning("anemoi-profiler: rank %d could not receive rank 0's text: %s", self.rank, error)
+            log.warning("rank %d could not receive rank 0's text: %s", self.rank, error)
             return None
         return str(sent[0])
 
@@ -115,7 +116,7 @@ class RankExchange:
         try:
             dist.destroy_process_group(group)
         except Exception as error:  # the user destroyed every group already: nothing left to join
-            log.debug("anemoi-profiler: destroying the profiler's process group: %s", error)
+            log.debug("destroying the profiler's process group: %s", error)
         del group
         gc.collect()  # frees the group (a reference cycle in some torch versions): its threads are joined now
         self._buffers = {}

@@ -18,8 +18,6 @@ from ..tracking.uris import run_url
 
 LOCAL_UI = "http://127.0.0.1:5000"
 """Where `mlflow ui` serves by default."""
-STARTUP_WAIT_WORTH_SAYING_S = 0.5
-"""An end that waited this long for the MLflow sender's start-up says so, and what avoids it."""
 
 
 def write_run_folder(config: ProfilerConfig, environment: Mapping[str, Any]) -> Path:
@@ -48,8 +46,7 @@ def upload_folder(sink: TrackingSink, run_dir: Path, kept_local: Collection[Path
 
 
 def print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
-    """Where the run went; and when its end waited for the MLflow sender's start-up (a run that ended before
-    the sender was ready), how long, and what gives the sender that time before the first batch instead."""
+    """Where the run went: its folder, its MLflow run and how to open it."""
     lines = [f"anemoi-profiler: run folder {run_dir}"]
     if sink is not None and sink.run_id is None:
         lines.append(
@@ -66,10 +63,4 @@ def print_where_to_look(run_dir: Path, sink: TrackingSink | None) -> None:
             link = run_url(LOCAL_UI, sink.experiment_id, sink.run_id)
             if link:
                 lines.append(f"anemoi-profiler: then go to {link}")
-    if sink is not None and sink.end_waited_for_startup_s >= STARTUP_WAIT_WORTH_SAYING_S:
-        lines.append(
-            f"anemoi-profiler: the end waited {sink.end_waited_for_startup_s:.1f} s for the MLflow sender's start-up "
-            "(a child process importing MLflow and reaching the store); anemoi_profiler.prestart_tracking() at the "
-            "top of the script, or callbacks made before the model and its data, give it that time"
-        )
     print("\n".join(lines), flush=True)

@@ -16,7 +16,6 @@ a hook the profiler cannot wrap), `not_assessed` says why and nothing is measure
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,9 +23,10 @@ from typing import Any
 
 import torch
 
+from ..logs import get_logger
 from . import lightning_private, trainer_info
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Mark = float | torch.cuda.Event
 
@@ -83,7 +83,7 @@ class GradientSyncTimer:
 
     def _off(self, reason: str) -> None:
         self.not_assessed = reason
-        log.info("anemoi-profiler: collective wait not assessed: %s", reason)
+        log.info("collective wait not assessed: %s", reason)
 
     # ---- the hook ----
     def _around(self, inner: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,10 +11,11 @@ figure it feeds is not assessed or found another way, with one warning (`missing
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-log = logging.getLogger(__name__)
+from ..logs import get_logger
+
+log = get_logger(__name__)
 
 # ---- action names Lightning passes to `trainer.profiler` (the loop timer listens for them) ----
 TRAIN_FETCH = "[_TrainingEpochLoop].train_dataloader_next"
@@ -37,16 +38,15 @@ PRIVATE_ATTRIBUTES = {
 }
 """Each attribute read below, with the class (in either namespace) whose instances carry it."""
 
-_warned: set[str] = set()
+_said: set[object] = set()
 
 
 def missing(name: str, consequence: str) -> None:
     """Say once per process that this Lightning lacks the private `name`, and what that costs."""
-    if name in _warned:
-        return
-    _warned.add(name)
-    log.warning(
-        "anemoi-profiler: this Lightning has no %s, a private name the profiler reads "
+    log.warning_once(
+        _said,
+        name,
+        "this Lightning has no %s, a private name the profiler reads "
         "(anemoi_profiler/run/lightning_private.py): %s; training goes on",
         name,
         consequence,

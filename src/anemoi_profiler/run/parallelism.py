@@ -8,11 +8,12 @@ strategies (anemoi's) and `lightning.pytorch` ones are read alike.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
+from ..logs import get_logger
+
+log = get_logger(__name__)
 
 GROUP_ATTRIBUTES = ("ens_comm_group_size", "model_comm_group_size")
 """anemoi's strategies: the ranks of an ensemble group (or else a model group) share their input samples."""
@@ -36,7 +37,7 @@ def detect_parallelism(strategy: Any, world_size: int, configured: int | str) ->
         if world_size % int(configured) == 0:
             return Parallelism(world_size, int(configured), "distributed.data_parallel_size")
         log.warning(
-            "anemoi-profiler: distributed.data_parallel_size=%s does not divide the world size %d; global rates "
+            "distributed.data_parallel_size=%s does not divide the world size %d; global rates "
             "count every rank's samples instead",
             configured,
             world_size,

@@ -10,20 +10,20 @@ section that the sender process merges into whatever the user wrote.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config import ProfilerConfig
 from ..layout import ARTIFACT_ROOT, REPORT_HTML, REPORT_JSON, REPORT_TXT
+from ..logs import get_logger
 from ..redaction import redact
 from ..reports.description import run_description
 from ..reports.diagnosis import NotAssessed, Outcome, fired
 from ..reports.run_data import RunData
 from ..tracking.sink import TrackingSink
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PREFIX = "profiler."
 NO_VERDICT = "none"
@@ -99,7 +99,7 @@ def start(
         sink.set_tags(start_tags(environment, run_dir, device, device_count))
         sink.log_params(config_params(config, run_dir))
     except Exception as error:
-        log.warning("anemoi-profiler: no tags and params for the MLflow run: %s: %s", type(error).__name__, error)
+        log.warning("no tags and params for the MLflow run: %s: %s", type(error).__name__, error)
 
 
 def finish(sink: TrackingSink, config: ProfilerConfig, run: RunData, outcomes: dict[str, Outcome]) -> None:

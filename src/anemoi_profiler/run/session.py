@@ -8,7 +8,6 @@ alone (it makes its own session), and `build_callbacks` shares one session betwe
 from __future__ import annotations
 
 import functools
-import logging
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -17,11 +16,11 @@ from typing import Any
 
 from ..config import ProfilerConfig
 from ..layout import spool_dir
+from ..logs import get_logger
 from ..redaction import redact_uri
 from ..report import ReportSection, RunReport
 from ..reports.diagnosis import Outcome, assess, render_section
 from ..reports.run_data import RunData, load_run
-from ..tracking import prestart_tracking, startup
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
@@ -35,7 +34,7 @@ from .parallelism import Parallelism, detect_parallelism
 from .postmortem import PostmortemRecorder
 from .triggers import TriggerWatch
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class ProfilerSession:
@@ -65,9 +64,6 @@ class ProfilerSession:
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         self.postmortem = PostmortemRecorder(self.config.postmortem)  # before the process group: Flight Recorder
-        # MLflow's client starts while the fit sets up (a logger may name another URI)
-        if self.config.tracking.enabled and startup.uses("prestart"):
-            prestart_tracking(self.config.tracking.uri)
 
     def startup_work_until(self) -> float | None:
         """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow
@@ -108,7 +104,7 @@ class ProfilerSession:
                     self.sink.close("KILLED", timeout_s=0.0)
                     self.sink = None
                 log.warning(
-                    "anemoi-profiler: could not start (%s: %s); the profiler is off for this run, training goes on",
+                    "could not start (%s: %s); the profiler is off for this run, training goes on",
                     type(error).__name__,
                     error,
                 )
@@ -188,7 +184,7 @@ class ProfilerSession:
             run_dir = write_run_folder(self.config, environment)
         except OSError as error:
             log.warning(
-                "anemoi-profiler: cannot write a run folder below %s (%s: %s); the profiler is off for this run, "
+                "cannot write a run folder below %s (%s: %s); the profiler is off for this run, "
                 "training goes on. Set output_dir to a writable folder.",
                 Path(self.config.output_dir).resolve(),
                 type(error).__name__,
@@ -204,7 +200,7 @@ class ProfilerSession:
         logger_uri = trainer_info.logger_tracking_uri(logger) if logger is not None else None
         if logger is not None and tracking.uri and tracking.uri != logger_uri:
             log.warning(
-                "anemoi-profiler: tracking.uri=%s is ignored: the trainer's MLFlowLogger logs to %s and the "
+                "tracking.uri=%s is ignored: the trainer's MLFlowLogger logs to %s and the "
                 "profiler writes into the logger's run",
                 redact_uri(tracking.uri),
                 redact_uri(logger_uri or ""),
@@ -290,10 +286,10 @@ class ProfilerSession:
             try:
                 action()
             except Exception as error:
-                log.warning("anemoi-profiler: could not %s: %s: %s", what, type(error).__name__, error)
+                log.warning("could not %s: %s: %s", what, type(error).__name__, error)
             self.end_seconds[what] = time.perf_counter() - started
         log.debug(
-            "anemoi-profiler: the end of the run took %s",
+            "the end of the run took %s",
             ", ".join(f"{k} {v:.2f} s" for k, v in self.end_seconds.items()),
         )
 
@@ -306,9 +302,7 @@ class ProfilerSession:
             try:
                 self.add_summary([work()])
             except Exception as error:
-                log.warning(
-                    "anemoi-profiler: %s failed: %s: %s", getattr(work, "__name__", work), type(error).__name__, error
-                )
+                log.warning("%s failed: %s: %s", getattr(work, "__name__", work), type(error).__name__, error)
 
     def _write_report(self, trainer: Any) -> None:
         """metrics.json; the run read back and diagnosed, once (report.html and the run page show the same);
@@ -340,8 +334,7 @@ class ProfilerSession:
             return run, assess(run)
         except Exception as error:
             log.warning(
-                "anemoi-profiler: no diagnosis, report.html or run description: cannot read the run folder back: "
-                "%s: %s",
+                "no diagnosis, report.html or run description: cannot read the run folder back: %s: %s",
                 type(error).__name__,
                 error,
             )
@@ -430,8 +423,7 @@ def open_sink(
         )
     except OSError as error:
         log.warning(
-            "anemoi-profiler: cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this "
-            "run, training goes on",
+            "cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this run, training goes on",
             spool_dir(run_dir, rank).parent,
             type(error).__name__,
             error.strerror or error,

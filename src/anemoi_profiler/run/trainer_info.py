@@ -6,9 +6,22 @@ fails, so nothing here imports either.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from . import lightning_private
+
+
+class TrainerLike(Protocol):
+    """What the stage clock reads of a Trainer of either namespace (tests hand in stand-ins of this shape)."""
+
+    @property
+    def global_step(self) -> int: ...
+
+    @property
+    def sanity_checking(self) -> bool: ...
+
+    @property
+    def state(self) -> Any: ...
 
 
 def find_mlflow_logger(trainer: Any) -> Any | None:

@@ -1,16 +1,16 @@
 """Triggered profiling windows during a fit: the detectors fed at each exchange, the plans every rank follows.
 
-At each training log interval every rank gets every rank's `RankTotals` from the clock's exchange and feeds
-the same figures to the same detectors (`triggers.detector`), so every rank decides the same window at the
-same batch without a collective of its own. The torch profiler callback opens a pending plan at its next
-training batch; the ranks a plan names record, the others only count the window, so `window_<k>` means the
-same window on every rank. Rank 0 lists every window, with its reason and evidence, in `windows.json`.
+At each training log interval every rank gets every rank's `RankTotals` (and rank 0's request, an
+`ExchangeControl`) from the clock's exchange and feeds the same figures to the same detectors
+(`triggers.detector`), so every rank decides the same window at the same batch without a collective of its own.
+The torch profiler callback opens a pending plan at its next training batch; the ranks a plan names record, the
+others only count the window, so `window_<k>` means the same window on every rank. Rank 0 lists every window,
+with its reason and evidence, in `windows.json`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import mean
@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import ProfilerConfig
 from ..layout import TRACE_SUFFIX, TRACES_DIR, WINDOWS_FILE, window_snapshot_path
+from ..logs import get_logger
 from ..report import ReportSection
 from ..reports.description import WINDOWS_SECTION
 from ..triggers.detector import (
@@ -29,11 +30,11 @@ from ..triggers.detector import (
     Triggers,
 )
 from ..triggers.requests import RequestPoller, WindowRequest, mark_served
-from .clock import RankTotals
+from .clock import ExchangeControl, RankTotals
 from .distributed import RankExchange
 from .rank_figures import collective_waits_ms
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TRIGGERS_TAG = "profiler.triggers"
 """The run's tag that shows the triggers armed, the windows left in the budget and the last trigger."""
@@ -113,26 +114,27 @@ class TriggerWatch:
         poller = RequestPoller(run_dir, options.request_poll_s) if options.requests and rank == 0 else None
         return cls(triggers, config, world_size, exchange, poller, run_dir)
 
-    def outgoing(self, local: RankTotals) -> None:
+    def outgoing(self, control: ExchangeControl) -> None:
         """Rank 0 puts a new request into the training exchange (again, until a window takes it)."""
         if self._poller is not None and not self._broken:
             self._outgoing = self._poller.take() or self._outgoing
             if self._outgoing is not None:
-                local.requested_steps = float(self._outgoing.steps)
-                local.requested_ranks = float(len(self._outgoing.ranks))
-                local.requested_memory = float(self._outgoing.memory)
+                control.requested_steps = float(self._outgoing.steps)
+                control.requested_ranks = float(len(self._outgoing.ranks))
+                control.requested_memory = float(self._outgoing.memory)
 
-    def received(self, step: int, ranks: list[RankTotals]) -> None:
-        named = self._named_ranks(ranks[0])  # a collective: before anything that could differ between ranks
+    def received(self, step: int, ranks: list[RankTotals], controls: list[ExchangeControl]) -> None:
+        sent = controls[0] if controls else ExchangeControl()
+        named = self._named_ranks(sent)  # a collective: before anything that could differ between ranks
         if self._broken:
             return
         try:
-            self._decide(step, ranks, named)
+            self._decide(step, ranks, sent, named)
         except Exception as error:
             self._broken = True
-            log.warning("anemoi-profiler: triggers are off after an error: %s: %s", type(error).__name__, error)
+            log.warning("triggers are off after an error: %s: %s", type(error).__name__, error)
 
-    def _named_ranks(self, sent: RankTotals) -> list[int]:
+    def _named_ranks(self, sent: ExchangeControl) -> list[int]:
         """The ranks named by a request in this exchange, broadcast by rank 0 (any rank of any job: the exchange
         carries only how many). A collective, decided from the gathered figures alone, so every rank joins it;
         only in an exchange that carries such a request. Ranks the job does not have are left out."""
@@ -144,12 +146,12 @@ class TriggerWatch:
         known = [rank for rank in named if rank < self.world_size]
         if self._poller is not None and len(known) < len(named):
             log.warning(
-                "anemoi-profiler: the request names ranks %s, the job has ranks 0 to %d: %s",
+                "the request names ranks %s, the job has ranks 0 to %d: %s",
                 named, self.world_size - 1, "the others are left out" if known else "the profiled ranks record",
             )  # fmt: skip
         return known
 
-    def _decide(self, step: int, ranks: list[RankTotals], named: list[int]) -> None:
+    def _decide(self, step: int, ranks: list[RankTotals], sent: ExchangeControl, named: list[int]) -> None:
         """Feed one training interval's figures of every rank; a request or a trigger becomes the pending plan."""
         measured = [rank.step_ms for rank in ranks if rank.step_ms > 0]
         if measured:  # the detectors keep learning while a plan waits
@@ -161,11 +163,11 @@ class TriggerWatch:
             fired = None
         if self.pending is not None:
             return
-        requested = ranks[0].requested_steps
+        requested = sent.requested_steps
         if requested > 0:
             recording = named or self.profiled_ranks
             request, self._outgoing = self._outgoing, None
-            memory = ranks[0].requested_memory > 0
+            memory = sent.requested_memory > 0
             plan = WindowPlan("request", recording, int(requested), self.warmup, step, None)
             self._plan(plan, request=request, memory=memory)
         elif fired is not None:
@@ -177,7 +179,7 @@ class TriggerWatch:
         plan.request, plan.memory = request, memory
         self.pending = plan
         log.info(
-            "anemoi-profiler: %s at step %d%s: a %d-step window on rank%s %s",
+            "%s at step %d%s: a %d-step window on rank%s %s",
             plan.reason,
             plan.decided_at_step,
             f" ({plan.evidence.describe()})" if plan.evidence else "",

@@ -17,7 +17,6 @@ exchanged.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,16 +26,17 @@ import numpy as np
 
 from .. import names
 from ..layout import WINDOW_SUMMARIES_DIR, kernel_names_path, window_summary_path
+from ..logs import get_logger
 from ..profiling.window_summaries import WindowKey, WindowSummaries
 from ..profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH, WindowSummary
 from ..profiling.window_table import NOT_ASSESSED, WindowTable
 from ..report import ReportSection
-from .clock import RankTotals
+from .clock import ExchangeControl, RankTotals
 from .distributed import RankExchange
 from .flagged_traces import keeps_trace, settle_held_traces
 from .session import ProfilerSession
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SPREAD_SUFFIXES = ("min", "median", "max", "argmax_rank")
 EXCHANGED_STAGES = ("train", "val", "component")
@@ -115,7 +115,7 @@ class WindowExchange:
         self._tables_lock = threading.Lock()
         self._keep_trace: dict[WindowKey, bool] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-exchange")
-        self._warned = False
+        self._said: set[object] = set()
 
     @property
     def tables(self) -> dict[WindowKey, WindowTable]:
@@ -123,18 +123,18 @@ class WindowExchange:
         with self._tables_lock:
             return dict(self._tables)
 
-    def outgoing(self, local: RankTotals) -> None:
+    def outgoing(self, control: ExchangeControl) -> None:
         """Say how many windows this rank has summarised (those are offered) and how many are still running."""
         if self._summaries is not None:
             self._offered = self._summaries.ready()
-            local.windows_ready = float(len(self._offered))
-            local.windows_summarising = float(self._summaries.running())
+            control.windows_ready = float(len(self._offered))
+            control.windows_summarising = float(self._summaries.running())
 
-    def received(self, step: int, ranks: list[RankTotals]) -> None:
+    def received(self, step: int, ranks: list[RankTotals], controls: list[ExchangeControl]) -> None:
         """Exchange the offered windows once some rank has one and none is still summarising (all ranks decide
-        alike from the same gathered figures, so all of them join the gather)."""
-        slots = int(max(rank.windows_ready for rank in ranks))
-        if slots and not any(rank.windows_summarising for rank in ranks):
+        alike from the same gathered messages, so all of them join the gather)."""
+        slots = int(max((control.windows_ready for control in controls), default=0))
+        if slots and not any(control.windows_summarising for control in controls):
             offered, self._offered = self._offered, []
             with self._session.own_work.measure():
                 self._share(self._summaries.take(offered) if self._summaries is not None else {}, slots, final=False)
@@ -179,9 +179,7 @@ class WindowExchange:
                 for (stage, window), table in tables.items():
                     session.log_metrics(spread_metrics(stage, table), step=window)
         except Exception as error:
-            if not self._warned:
-                self._warned = True
-                log.warning("anemoi-profiler: window summaries: %s: %s", type(error).__name__, error)
+            log.warning_once(self._said, "failed", "window summaries: %s: %s", type(error).__name__, error)
 
 
 def write_tables(run_dir: Path, tables: dict[WindowKey, WindowTable]) -> None:

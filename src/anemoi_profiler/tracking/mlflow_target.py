@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from ..logs import get_logger
 from ..redaction import REDACTED, redact_text, redact_uri
 from ..triggers.requests import REQUEST_TAG, relay_tag
 from .mlflow_versions import (
@@ -21,7 +21,7 @@ from .records import Batch
 from .spool import read_run_info, write_run_info
 from .uris import artifact_location_for
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MAX_METRICS_PER_REQUEST = 1000
 MAX_PARAMS_PER_REQUEST = 100
@@ -167,7 +167,7 @@ class MlflowTarget:
             description = spliced_description(current, batch.description)
             if description is None:
                 log.warning(
-                    "anemoi-profiler: the run's description leaves no room for the diagnosis within MLflow's "
+                    "the run's description leaves no room for the diagnosis within MLflow's "
                     "%d characters; it is in report.html",
                     MAX_TAG_VALUE_CHARS,
                 )
@@ -196,7 +196,7 @@ class MlflowTarget:
             if tag:
                 relay_tag(self.spool_dir.parent.parent, tag)  # <run folder>/spool/rank0
         except Exception as error:
-            log.debug("anemoi-profiler: looking for a window request in the run's tags: %s", error)
+            log.debug("looking for a window request in the run's tags: %s", error)
 
     def _terminate(self, client: Any, run_id: str, status: str) -> None:
         """`set_terminated`, except that with credentials in the URI the run's URL is not printed to stdout:
@@ -218,7 +218,7 @@ class MlflowTarget:
         except MlflowException as error:
             if error.error_code in REFUSED_FOR_CONTENT:
                 reason = redact_text(str(error).splitlines()[0])
-                log.warning("anemoi-profiler: MLflow refused a request, dropped it: %s", reason)
+                log.warning("MLflow refused a request, dropped it: %s", reason)
                 return
             raise
 
@@ -249,7 +249,7 @@ def _drop_logged(params: dict[str, str], logged: dict[str, str]) -> None:
         del params[key]
     if clashing:
         log.warning(
-            "anemoi-profiler: the MLflow run already has param(s) %s with other values (MLflow keeps a param's "
+            "the MLflow run already has param(s) %s with other values (MLflow keeps a param's "
             "first value); not logged again, the run folder's config.yaml has this run's",
             ", ".join(clashing),
         )

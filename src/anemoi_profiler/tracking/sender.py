@@ -1,21 +1,20 @@
-"""The process that sends the spool to MLflow, so that MLflow's Python never runs in the training process.
+"""The child process that sends the spool to MLflow, so that MLflow's Python never runs in the training process.
 
-MLflow's client is pure Python: with a sqlite store, logging one metric point costs about 0.6 ms of CPU
-(SQLAlchemy), and importing MLflow several seconds. In a thread of the training process all of it holds
-the interpreter lock that the training loop needs between its operators. In this child process it
-costs the training nothing. The sink's thread asks it for one thing at a time (create the run, send the
-spool, send a batch) over its stdin and reads the answer, a JSON line, from a pipe of its own; MLflow's
-own prints go to stderr. The child ends when its stdin closes, so it never outlives the training process.
-A run that ends well hands its sender back for the next run of the process (a `trainer.test()` after the fit,
-the next fit in a notebook), which then starts with MLflow imported; one left idle for `IDLE_EXIT_S` ends.
-Run as `python -m anemoi_profiler.tracking.sender <reply fd> <idle exit s> <niceness> idle|now [store module]`
-(see `_spawn`): this package imports neither torch nor Lightning.
+MLflow's client is pure Python: importing it takes 1.5 s of CPU or more, and sending one batch of a log
+interval's metrics to a sqlite store about 10 ms (SQLAlchemy). In a thread of the training process, MLflow's own
+asynchronous logging included, all of it would hold the interpreter lock that the training loop needs between
+its operators; a call stuck on a server that does not answer could not be stopped either. In a child process it
+costs the training nothing and can be killed. The sink's thread starts it on its first request and asks it for
+one thing at a time (create the run, send the spool, send a batch) over its stdin; the answer is a JSON line on a
+pipe of its own, read with a deadline (`REPLY_TIMEOUT_S`); MLflow's own prints go to stderr. The child ends when
+its stdin closes, so it never outlives the training process.
+Run as `python -m anemoi_profiler.tracking.sender <reply fd>` (see `_spawn`): this package imports neither torch
+nor Lightning.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -28,44 +27,37 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from ..logs import PREFIX, get_logger
 from ..redaction import redact_text
-from . import startup
 from .mlflow_target import MlflowTarget
 from .records import Batch
 from .spool import read_run_info, replay_spool
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
-NICENESS = 10
-"""How much lower than the training's the sender's CPU priority is: its start-up (importing MLflow, a second
-or more of CPU) goes to the training's first steps when cores are short."""
-IDLE_EXIT_S = 600.0
-"""How long a sender waits for a run (prestarted, or kept after one) before it ends, freeing its memory."""
-DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
-"""MLflow's SQLAlchemy store schemes (a driver may follow a '+')."""
+REPLY_TIMEOUT_S = 300.0
+"""The longest the sink's thread waits for one answer (MLflow's import included in the first): past it the
+sender is taken for stuck, killed, and the server for away; a later request starts a new one. MLflow's own HTTP
+timeout and retries end a request to a server that does not answer well before."""
 
 
 class SenderError(RuntimeError):
-    """What the sender process reported ("<error type>: <first line>"), or that it died."""
+    """What the sender process reported ("<error type>: <first line>"), or that it died or did not answer."""
 
 
 class SenderProcess:
-    """The training process's handle on the sender: started on first use, restarted if it died."""
+    """The training process's handle on the sender: started on first use, started again if it died."""
 
-    def __init__(self, spool_dir: Path, tracking_uri: str) -> None:
+    def __init__(self, spool_dir: Path, tracking_uri: str, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
         self.spool_dir = spool_dir
         self.tracking_uri = tracking_uri
+        self.reply_timeout_s = reply_timeout_s
         info = read_run_info(spool_dir)
         self.run_id: str | None = info.get("run_id")
         self.experiment_id: str | None = info.get("experiment_id")
-        self._sender: startup.Sender | None = None
-        self._racer: startup.Sender | None = None
+        self._process: subprocess.Popen[str] | None = None
+        self._replies: IO[bytes] | None = None
         self._lock = threading.Lock()
-        self._hurry = threading.Event()
-        self._wake_lock = threading.Lock()
-        self._wake: tuple[int, int] | None = None
-        """A pipe that `hurry` writes to while `_first_ready` waits: it sleeps until a sender answers, its
-        deadline or the run's end, never waking up to look (the training's thread would lose its core to it)."""
 
     def ensure_run(self) -> str | None:
         _succeeded(self._ask({"op": "ensure_run"}))
@@ -81,40 +73,13 @@ class SenderProcess:
         batch.take(Batch.from_dict(reply["batch"]))
         _succeeded(reply)
 
-    def hurry(self) -> None:
-        """The run is ending and waits for the sender: race one at the training's priority now against a sender
-        still importing MLflow in idle time (see `startup.RACE_AFTER_S`)."""
-        self._hurry.set()
-        with self._wake_lock:
-            if self._wake is not None:
-                os.write(self._wake[1], b"!")
-
-    def release(self) -> None:
-        """This run is done with the sender: keep it, MLflow imported, for the process's next run; stop it
-        if it cannot take another (it failed, or a sender is kept already)."""
-        sender = self._sender
-        if sender is None or sender.process.poll() is not None:
-            self.stop()
-            return
-        try:
-            _succeeded(self._ask({"op": "release"}))
-        except SenderError:
-            self.stop()
-            return
-        if startup.keep_for_next_run(sender):
-            self._sender = None
-            _lower_priority(sender.process.pid)  # a racer started at the run's end ran at the training's own
-        else:
-            self.stop()
-
     def stop(self, grace_s: float = 2.0) -> None:
-        """End the process (and one raced against it): close its stdin, which ends it between requests, and kill
-        it after `grace_s` (it may be stuck on a server that does not answer)."""
-        sender, racer = self._sender, self._racer
-        self._sender = self._racer = None
-        for ending in (sender, racer):
-            if ending is not None:
-                _end(ending.process, ending.replies, grace_s)
+        """End the process: close its stdin, which ends it between requests, and kill it after `grace_s` (it may
+        be stuck on a server that does not answer). A request waiting for it then gets its end of file."""
+        process, replies = self._process, self._replies
+        self._process = self._replies = None
+        if process is not None:
+            _end(process, replies, grace_s)
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -123,124 +88,50 @@ class SenderProcess:
                 assert process.stdin is not None
                 process.stdin.write(json.dumps(request) + "\n")
                 process.stdin.flush()
-                line = replies.readline()
+                line = _read_line(replies, time.monotonic() + self.reply_timeout_s)
+            except TimeoutError:
+                line, died = b"", f"no answer in {self.reply_timeout_s:g} s: stopped"
             except (OSError, ValueError) as error:
-                line = ""
-                died = f"{type(error).__name__}: {error}"
+                line, died = b"", f"{type(error).__name__}: {error}"
             else:
-                died = f"it exited with code {process.poll()}" if not line else ""
+                died = f"it exited with code {process.poll()}"
             if not line:
-                self.stop()
+                self.stop(grace_s=0.0)
                 raise SenderError(f"the MLflow sender process stopped ({died})")
         reply = json.loads(line)
         self.run_id = reply.get("run_id") or self.run_id
         self.experiment_id = reply.get("experiment_id") or self.experiment_id
         for message in reply.get("warnings", []):
-            log.warning("anemoi-profiler: %s", message)
+            log.warning("%s", message)
         return reply
 
-    def _started(self) -> tuple[subprocess.Popen[str], IO[str]]:
-        if self._sender is None or self._sender.process.poll() is not None:
-            self.stop()
-            self._sender = startup.take_waiting() or _spawn(store_module_for(self.tracking_uri))
-            if not self._sender.ready:
-                self._sender = self._first_ready()
-            # The URI and MLflow's settings may hold credentials: they go through the pipe, never on the command
-            # line; a sender started earlier gets the settings of now.
-            setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri, "mlflow_env": _mlflow_env()}
-            assert self._sender.process.stdin is not None
-            self._sender.process.stdin.write(json.dumps(setup) + "\n")
-            self._sender.process.stdin.flush()
-        return self._sender.process, self._sender.replies
-
-    def _first_ready(self) -> startup.Sender:
-        """Wait for the sender's "ready" line; for one importing in idle time, race a second sender at normal
-        priority against it after `RACE_AFTER_S` or once the run ends (`hurry`), and keep the first ready."""
-        with self._wake_lock:
-            self._wake = os.pipe()
-        try:
-            while True:
-                assert self._sender is not None and self._wake is not None
-                racing = self._racer is not None or not self._sender.idle
-                if not racing and self._late():
-                    self._racer = _spawn(store_module_for(self.tracking_uri), idle=False, niceness=self._niceness())
-                    racing = True
-                waiting = [sender for sender in (self._sender, self._racer) if sender is not None]
-                watched: list[IO[str] | int] = [*(sender.replies for sender in waiting), self._wake[0]]
-                deadline = self._sender.started_at + startup.RACE_AFTER_S
-                timeout = None if racing else max(0.0, deadline - time.monotonic())
-                readable, _, _ = select.select(watched, [], [], timeout)
-                for sender in waiting:
-                    if sender.replies in readable and (kept := self._settle(sender, sender.replies.readline() != "")):
-                        return kept
-                if self._wake[0] in readable:
-                    os.read(self._wake[0], 64)
-        finally:
-            with self._wake_lock:
-                wake, self._wake = self._wake, None
-            if wake is not None:
-                for fd in wake:
-                    os.close(fd)
-
-    def _settle(self, sender: startup.Sender, ready: bool) -> startup.Sender | None:
-        """`sender` answered: ready, it wins the race and is returned; at its end of file (it died), None: the
-        other one, if any, is waited for."""
-        other = self._racer if sender is self._sender else self._sender
-        self._sender = self._racer = None
-        if not ready:
-            _end(sender.process, sender.replies, 0.0)
-            if other is None:
-                raise OSError(f"it exited with code {sender.process.poll()} before it was ready")
-            self._sender = other
-            return None
-        if other is not None:
-            _end(other.process, other.replies, 0.0)
-        self._sender = sender._replace(ready=True)
-        return self._sender
-
-    def _late(self) -> bool:
-        assert self._sender is not None
-        return self._hurry.is_set() or time.monotonic() - self._sender.started_at >= startup.RACE_AFTER_S
-
-    def _niceness(self) -> int:
-        """The training waits for a racer started at the run's end: it gets the training's own priority."""
-        return 0 if self._hurry.is_set() else NICENESS
+    def _started(self) -> tuple[subprocess.Popen[str], IO[bytes]]:
+        if self._process is None or self._replies is None or self._process.poll() is not None:
+            self.stop(grace_s=0.0)
+            self._process, self._replies = _spawn()
+            # The URI may hold credentials: it goes through the pipe, never on the command line (MLflow's settings
+            # come with the environment).
+            setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri}
+            assert self._process.stdin is not None
+            self._process.stdin.write(json.dumps(setup) + "\n")
+            self._process.stdin.flush()
+        return self._process, self._replies
 
 
-def _lower_priority(pid: int) -> None:
-    """Set the sender to `NICENESS` below this process (raising a child's nice value needs no privilege)."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICENESS))
+def _read_line(replies: IO[bytes], deadline: float) -> bytes:
+    """One reply line; b"" at the end of file (the sender died); TimeoutError past `deadline`."""
+    line = b""
+    while not line.endswith(b"\n"):
+        if not select.select([replies], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError
+        chunk = os.read(replies.fileno(), 65536)
+        if not chunk:
+            return b""
+        line += chunk
+    return line
 
 
-def prestart(likely_uri: str) -> None:
-    """Start a sender now, for this process's next sink: it imports MLflow while the training sets up.
-
-    Importing MLflow and opening its store take the sender more than a second; started when the callbacks
-    are made rather than when the fit begins, that time overlaps building the model, the data and the
-    Trainer. `likely_uri` (the sink may get another, a logger's) only tells which store's code to import
-    too. A sender nobody takes ends when this process does (its stdin closes), or after `IDLE_EXIT_S`. A sender
-    kept from the process's last run serves instead: nothing starts then.
-    """
-    try:
-        startup.prestart(lambda: _spawn(store_module_for(likely_uri)))
-    except Exception as error:  # e.g. no more processes: the sink starts its own sender when it needs one
-        log.debug("anemoi-profiler: could not start the MLflow sender early (%s)", error)
-
-
-def _mlflow_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name.startswith("MLFLOW_")}
-
-
-def end_kept() -> None:
-    """End the sender kept for this process's next run, now rather than when the process ends or after
-    `IDLE_EXIT_S`: frees its memory (MLflow imported, about 200 MB), or makes the next run start cold."""
-    taken = startup.take_waiting()
-    if taken is not None:
-        _end(taken.process, taken.replies, grace_s=5.0)
-
-
-def _end(process: subprocess.Popen[str], replies: IO[str] | None, grace_s: float) -> None:
+def _end(process: subprocess.Popen[str], replies: IO[bytes] | None, grace_s: float) -> None:
     if process.stdin is not None:
         with contextlib.suppress(OSError):
             process.stdin.close()
@@ -254,42 +145,16 @@ def _end(process: subprocess.Popen[str], replies: IO[str] | None, grace_s: float
             replies.close()
 
 
-def store_module_for(tracking_uri: str) -> str | None:
-    """MLflow's module for the store behind `tracking_uri`, when it is a database (sqlite, PostgreSQL, ...)."""
-    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
-    return "mlflow.store.tracking.sqlalchemy_store" if scheme in DATABASE_SCHEMES else None
-
-
-def _spawn(
-    store_module: str | None = None,
-    idle_exit_s: float = IDLE_EXIT_S,
-    idle: bool | None = None,
-    niceness: int = NICENESS,
-) -> startup.Sender:
-    """Start a sender; it lowers its own priority to `niceness` first thing and imports MLflow in idle time if
-    `idle` (default: where `startup` can), see `serve`."""
-    idle = startup.imports_in_idle_time() if idle is None else idle
+def _spawn() -> tuple[subprocess.Popen[str], IO[bytes]]:
     read_end, write_end = os.pipe()
     try:
         process = subprocess.Popen(  # type: ignore[call-overload]  # mypy cannot match the `**` process_group
-            [
-                sys.executable,
-                "-m",
-                __name__,
-                str(write_end),
-                str(idle_exit_s),
-                str(niceness),
-                "idle" if idle else "now",
-                *([store_module] if store_module else []),
-            ],
+            [sys.executable, "-m", __name__, str(write_end)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
             pass_fds=(write_end,),
-            # A process group of its own, so that a Ctrl-C in the terminal is the training's to handle; not a
-            # session of its own: with Linux's scheduler autogroups (most distributions' default) that is a
-            # scheduling group of its own too, which its nice level does not reach. Beside a fit that used
-            # every core, its import then stalled the batches for 0.2 s at a time (see docs/benchmarks.md).
+            # A process group of its own, so that a Ctrl-C in the terminal is the training's to handle.
             **({"process_group": 0} if sys.version_info >= (3, 11) else {}),
         )
     except BaseException:
@@ -297,7 +162,7 @@ def _spawn(
         raise
     finally:
         os.close(write_end)
-    return startup.Sender(process, os.fdopen(read_end, "r"), time.monotonic(), idle)
+    return process, os.fdopen(read_end, "rb", buffering=0)
 
 
 def _succeeded(reply: dict[str, Any]) -> None:
@@ -313,62 +178,30 @@ class _Warnings(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(redact_text(record.getMessage().removeprefix("anemoi-profiler: ")))
+        self.messages.append(redact_text(record.getMessage().removeprefix(PREFIX)))
 
     def take(self) -> list[str]:
         messages, self.messages = self.messages, []
         return messages
 
 
-def serve(replies_fd: int, idle_exit_s: float, niceness: int, idle: bool, store_module: str | None = None) -> None:
-    """The child's loop: a "ready" line once MLflow is imported, then a setup line, then one request per stdin
-    line, one JSON reply per line on `replies_fd`, until a request releases it for the next run's setup.
-
-    It runs at a lower priority: importing MLflow and opening its store take more than a second of CPU at
-    the very start of a run, which should go to the training's first steps when cores are short; with `idle` the
-    import takes only idle time (`startup.import_in_idle_time`). It imports them before it reads its setup (see
-    `prestart`), leanly (see `_import_mlflow`); `store_module` is the store's module to import with them, if known.
-    """
+def serve(replies_fd: int) -> None:
+    """The child's loop: a setup line, then one request per stdin line and one JSON reply per line on
+    `replies_fd`, until stdin closes. MLflow is imported by the first request that needs it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
-    with contextlib.suppress(OSError):
-        os.nice(niceness)
-    if idle:
-        startup.import_in_idle_time(lambda: _import_mlflow(store_module))
-    else:
-        _import_mlflow(store_module)
-    replies = os.fdopen(replies_fd, "w")
-    replies.write(json.dumps({"ready": True}) + "\n")
-    replies.flush()
+    line = sys.stdin.readline()
+    if not line:
+        return
+    setup = json.loads(line)
     warnings = _Warnings()
     package_log = logging.getLogger("anemoi_profiler")
     package_log.addHandler(warnings)
     package_log.propagate = False
-    while (setup := _next_setup(idle_exit_s)) is not None:
-        _apply_mlflow_env(setup.get("mlflow_env", {}))
-        if not _serve_run(MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"]), replies, warnings):
-            return
+    _serve_run(MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"]), os.fdopen(replies_fd, "w"), warnings)
 
 
-def _next_setup(idle_exit_s: float) -> dict[str, Any] | None:
-    """The next run's setup; None when the training process has ended (stdin closed). A sender that waits
-    `idle_exit_s` for one ends there."""
-    idle = threading.Timer(idle_exit_s, os._exit, (0,))
-    idle.daemon = True
-    idle.start()
-    line = sys.stdin.readline()
-    idle.cancel()
-    return json.loads(line) if line else None
-
-
-def _apply_mlflow_env(settings: dict[str, str]) -> None:
-    """The training process's MLflow settings (credentials, timeouts) as they are for this run."""
-    for name in [name for name in os.environ if name.startswith("MLFLOW_") and name not in settings]:
-        del os.environ[name]
-    os.environ.update(settings)
-
-
-def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> bool:
-    """Answer one run's requests; True when it released the sender, False when stdin closed."""
+def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> None:
+    """Answer one run's requests until stdin closes."""
     for line in sys.stdin:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
@@ -392,29 +225,7 @@ def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> b
         reply.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"), warnings=warnings.take())
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-        if request["op"] == "release":
-            return True
-    return False
-
-
-def _import_mlflow(store_module: str | None) -> None:
-    """Import MLflow's client (and the store's module) as leanly as `startup` allows; what it leaves out comes
-    back when this MLflow cannot do without it. A missing MLflow is reported by the first request."""
-    with startup.collector_paused_and_frozen():
-        try:
-            with startup.leaving_out_datasets():
-                _import_client(store_module)
-        except ImportError:
-            with contextlib.suppress(ImportError):
-                _import_client(store_module)
-
-
-def _import_client(store_module: str | None) -> None:
-    from mlflow.tracking import MlflowClient  # noqa: F401
-
-    if store_module:
-        importlib.import_module(store_module)
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "idle", next(iter(sys.argv[5:]), None))
+    serve(int(sys.argv[1]))

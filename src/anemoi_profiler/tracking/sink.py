@@ -1,9 +1,10 @@
 """The tracking sink: the training thread's only door to MLflow.
 
 The training thread only puts records on a queue. A background thread writes each batch of records to the
-spool folder first (write-ahead); a child process (`sender`) sends the spool and deletes the files, so
-that MLflow's Python never competes with the training loop for the interpreter lock. A slow or dead
-server never blocks training, and nothing is lost: what could not be sent stays in
+spool folder first (write-ahead); a child process (`sender`), which that thread starts on its first request,
+sends the spool and deletes the files, so that MLflow's Python never competes with the training loop for the
+interpreter lock. Every wait of the training thread on them is bounded (`wait_for_run`, `flush`, `close`). A
+slow or dead server never blocks training, and nothing is lost: what could not be sent stays in
 `<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
 `anemoi-profiler sync <run folder>`.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import names
+from ..logs import get_logger
 from ..redaction import redact_text, redact_uri
 from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
 from .sender import SenderError, SenderProcess
 from .spool import pending_batches, remove_if_empty, write_batch, write_run_info
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MAX_RECORDS_IN_MEMORY = 20000
 WAKE_AT_QUEUED = 1000
@@ -84,18 +85,14 @@ class TrackingSink:
         self._seq = itertools.count()
         self._offline_since: float | None = None
         self._last_attempt = 0.0
-        self._warned = False
+        self._said: set[object] = set()
         self._closed = False
         self._unspooled = Batch()  # records the spool could not take (disk full): sent from memory
         self._spool_error: str | None = None
-        self._spool_warned = False
         self._dropped_metrics = 0
         self.started_up_at: float | None = None
         """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
         the start-up work that runs beside the training's first steps."""
-        self.end_waited_for_startup_s = 0.0
-        """Seconds `close` waited for that first answer: what a run that ends before its sender is ready (MLflow
-        still being imported, the store being reached) adds to its end."""
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -158,31 +155,25 @@ class TrackingSink:
         if self._closed:
             return not pending_batches(self.spool_dir)
         self._closed = True
-        closing_at = time.perf_counter()
         if status and self.owns_run:
             self._queue.put(Terminate(status))
         self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
-        self._target.hurry()  # the end waits for the sender: one still importing in idle time gets a racer
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout_s)
-        if self.started_up_at is not None:
-            self.end_waited_for_startup_s = max(0.0, self.started_up_at - closing_at)
         if self._thread.is_alive():
             # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
             self._target.stop(grace_s=0.0)
             self._thread.join(5.0)
             refused = self._spool_queued()
             self._dropped_metrics += len(refused.metrics) if refused is not None else 0
-            self._target.stop()
         else:
             self._dropped_metrics += len(self._unspooled.metrics)
-            self._target.release()  # MLflow imported, for the process's next run
+        self._target.stop()
         atexit.unregister(self._flush_at_exit)
         if self._dropped_metrics:
             log.warning(
-                "anemoi-profiler: %d metric point(s) could neither be sent to MLflow nor written to %s (%s); "
-                "they are lost",
+                "%d metric point(s) could neither be sent to MLflow nor written to %s (%s); they are lost",
                 self._dropped_metrics,
                 self.spool_dir,
                 self._spool_error,
@@ -192,7 +183,7 @@ class TrackingSink:
             remove_if_empty(self.spool_dir)  # the spool exists only while records wait for MLflow
             return True
         log.warning(
-            "anemoi-profiler: %d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
+            "%d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
             "they are kept in %s. Send them with: anemoi-profiler sync %s",
             len(left),
             redact_uri(self.tracking_uri),
@@ -271,7 +262,7 @@ class TrackingSink:
             for done in flushes:
                 done.set()
         except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
-            log.warning("anemoi-profiler: tracking thread error (%s); will retry", redact_text(str(error)))
+            log.warning("tracking thread error (%s); will retry", redact_text(str(error)))
         finally:
             if self.run_id:
                 self._run_ready.set()
@@ -302,14 +293,14 @@ class TrackingSink:
             self._write_batch((self._unspooled, []))
         except OSError as error:
             self._spool_error = f"{type(error).__name__}: {error}"
-            if not self._spool_warned:
-                self._spool_warned = True
-                log.warning(
-                    "anemoi-profiler: cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
-                    "and are lost only if MLflow is away too",
-                    self.spool_dir,
-                    self._spool_error,
-                )
+            log.warning_once(
+                self._said,
+                "spool",
+                "cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
+                "and are lost only if MLflow is away too",
+                self.spool_dir,
+                self._spool_error,
+            )
             excess = len(self._unspooled.metrics) - MAX_RECORDS_IN_MEMORY
             if excess > 0:
                 del self._unspooled.metrics[:excess]
@@ -320,7 +311,7 @@ class TrackingSink:
     def _mark_online(self) -> None:
         if self._offline_since is not None:
             log.warning(
-                "anemoi-profiler: MLflow at %s answers again after %.0f s; spooled metrics were sent",
+                "MLflow at %s answers again after %.0f s; spooled metrics were sent",
                 redact_uri(self.tracking_uri),
                 time.monotonic() - self._offline_since,
             )
@@ -329,22 +320,21 @@ class TrackingSink:
     def _mark_offline(self, error: BaseException) -> None:
         if self._offline_since is None:
             self._offline_since = time.monotonic()
-        if not self._warned:
-            self._warned = True
-            log.warning(
-                "anemoi-profiler: MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
-                "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
-                redact_uri(self.tracking_uri),
-                *_kind_and_reason(error),
-                self.spool_dir,
-                self.retry_interval_s,
-                self.spool_dir.parents[1],
-            )
+        log.warning_once(
+            self._said,
+            "offline",
+            "MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
+            "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
+            redact_uri(self.tracking_uri),
+            *_kind_and_reason(error),
+            self.spool_dir,
+            self.retry_interval_s,
+            self.spool_dir.parents[1],
+        )
         self._run_ready.set()
 
     def _flush_at_exit(self) -> None:
         if not self._closed:
-            self._target.hurry()
             self._stopping.set()
             self._wake.set()
             self._thread.join(10.0)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..layout import RUN_INFO_FILE
+from ..logs import get_logger
 from .records import Batch
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class Target(Protocol):
@@ -73,7 +73,7 @@ def replay_spool(spool_dir: Path, target: Target) -> tuple[int, int]:
             path.replace(kept)
             files.remove(path)
             unreadable += 1
-            log.warning("anemoi-profiler: spool file %s is unreadable (%s); kept as %s, not sent", path, error, kept)
+            log.warning("spool file %s is unreadable (%s); kept as %s, not sent", path, error, kept)
     if not files:
         return 0, unreadable
     try:

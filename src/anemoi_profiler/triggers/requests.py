@@ -9,7 +9,6 @@ command line writes the same file.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -18,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..layout import REQUEST_FILE
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 REQUEST_TAG = "profiler.request"
 """The MLflow run tag through which `anemoi-profiler request <run id>` asks (the request as JSON)."""
@@ -62,7 +62,7 @@ def relay_tag(run_dir: Path, tag: str) -> None:
     try:
         request = WindowRequest(**json.loads(tag))
     except (ValueError, TypeError) as error:
-        log.warning("anemoi-profiler: ignoring the run's %s tag: %s", REQUEST_TAG, error)
+        log.warning("ignoring the run's %s tag: %s", REQUEST_TAG, error)
         return
     current = read_request(run_dir)
     if current is None or current.id != request.id:
@@ -80,7 +80,7 @@ def read_request(run_dir: Path) -> WindowRequest | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError) as error:
-        log.debug("anemoi-profiler: unreadable %s: %s", REQUEST_FILE, error)
+        log.debug("unreadable %s: %s", REQUEST_FILE, error)
         return None
 
 

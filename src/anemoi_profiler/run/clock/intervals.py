@@ -48,7 +48,7 @@ class GapTimes:
 
 
 @dataclass
-class Lap:
+class LogInterval:
     """One log interval of a stage: its counts, the global step at its end, and its time segments."""
 
     step: int
@@ -78,7 +78,7 @@ class RankTotals:
     """What one rank measured over some log intervals of a stage: the unit the ranks exchange.
 
     `elapsed_s` is the stage's time with the profiler's own work taken out once the ranks have exchanged
-    (see `StageClock.lap`); before that it still holds `own_work_s`. The `PEAKS` fields keep the largest
+    (see `StageClock.end_interval`); before that it still holds `own_work_s`. The `PEAKS` fields keep the largest
     value of the intervals they cover; every other field is a sum.
     """
 
@@ -103,16 +103,6 @@ class RankTotals:
     epoch_start_s: float = 0.0
     """Time from training epochs' starts to their first batches, outside `elapsed_s` (see `StageMeter.pause`)."""
     epoch_starts: float = 0.0
-    requested_steps: float = 0.0
-    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
-    requested_ranks: float = 0.0
-    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
-    requested_memory: float = 0.0
-    """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
-    windows_ready: float = 0.0
-    """Profiling windows summarised and not yet exchanged (see `run.window_exchange`)."""
-    windows_summarising: float = 0.0
-    """Profiling windows whose summary is still being computed: their exchange waits for them."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):
@@ -136,22 +126,48 @@ class RankTotals:
         return seconds / self.batches * 1000 if self.batches else 0.0
 
     @classmethod
-    def of_lap(cls, lap: Lap, seconds: float) -> RankTotals:
-        gap = lap.gap
+    def of_interval(cls, interval: LogInterval, seconds: float) -> RankTotals:
+        gap = interval.gap
         return cls(
-            lap.batches, lap.samples, lap.items, gap.wait_s, seconds, lap.own_work_s, gap.callbacks_s, gap.loop_s,
-            gap.fetches, epoch_start_s=lap.epoch_start_s(), epoch_starts=len(lap.epoch_starts),
+            interval.batches, interval.samples, interval.items, gap.wait_s, seconds, interval.own_work_s,
+            gap.callbacks_s, gap.loop_s, gap.fetches,
+            epoch_start_s=interval.epoch_start_s(), epoch_starts=len(interval.epoch_starts),
         )  # fmt: skip
 
 
 PEAKS = ("flops_per_sample", "peak_allocated_mb", "peak_reserved_mb", "cpu_rss_mb")
 
 
+@dataclass
+class ExchangeControl:
+    """What a rank tells the others in a training exchange besides its measurements: what every rank must then
+    decide alike (a requested window to open, window summaries to exchange). Sent beside `RankTotals` in the same
+    gather, never summed."""
+
+    requested_steps: float = 0.0
+    """Steps of a profiling window asked for with `anemoi-profiler request` (rank 0 only; see `run.triggers`)."""
+    requested_ranks: float = 0.0
+    """How many ranks it names (rank 0 then broadcasts them); 0: the configured profiled ranks."""
+    requested_memory: float = 0.0
+    """1: the requested window also takes a CUDA memory snapshot (`request --memory`)."""
+    windows_ready: float = 0.0
+    """Profiling windows summarised and not yet exchanged (see `run.window_exchange`)."""
+    windows_summarising: float = 0.0
+    """Profiling windows whose summary is still being computed: their exchange waits for them."""
+
+    def to_list(self) -> list[float]:
+        return [float(getattr(self, item.name)) for item in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> ExchangeControl:
+        return cls(*values)
+
+
 class StageMeter:
     """Counts and times one stage (train or val); paused while another stage runs.
 
     `own_work()` reads the profiler's own accumulated work time (see `own_work.OwnWorkClock`); what
-    accumulates while the meter runs is taken out of its laps. `now` is the host clock (tests feed their own
+    accumulates while the meter runs is taken out of its intervals. `now` is the host clock (tests feed their own
     timestamps); on CUDA the interval boundaries are events instead.
     """
 
@@ -176,7 +192,7 @@ class StageMeter:
         self._items = 0
         self.gap = GapTimes()
         """The current interval's gap times, which `BatchGaps.batch_ended` adds each batch's to."""
-        self._pending: list[Lap] = []
+        self._pending: list[LogInterval] = []
         self.first_started_at: float | None = None
         """`perf_counter` when the stage's first measured interval began (after the warmup)."""
         self.last_stopped_at: float | None = None
@@ -236,7 +252,7 @@ class StageMeter:
         self._samples += samples
         self._items += items
 
-    def lap(self, step: int, extras: dict[str, float] | None = None) -> None:
+    def end_interval(self, step: int, extras: dict[str, float] | None = None) -> None:
         """Close the current interval (if it counted any batch) and keep the clock running."""
         if self._open is not None:
             marker = self._mark()
@@ -246,17 +262,19 @@ class StageMeter:
             self._own_work_s += now - self._own_work_at_open
             self._own_work_at_open = now
         if self.batches:
-            lap = Lap(step, self.batches, self._samples, self._items, self.gap, self._segments, extras or {})
-            lap.own_work_s = self._own_work_s
-            lap.epoch_starts, self._epoch_starts = self._epoch_starts, []
-            self._pending.append(lap)
+            interval = LogInterval(
+                step, self.batches, self._samples, self._items, self.gap, self._segments, extras or {}
+            )
+            interval.own_work_s = self._own_work_s
+            interval.epoch_starts, self._epoch_starts = self._epoch_starts, []
+            self._pending.append(interval)
         self._own_work_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0
         self.gap = GapTimes()
 
-    def take(self, keep_newest: bool) -> list[Lap]:
-        """Laps ready to be read; on CUDA the newest is kept back until the next boundary."""
+    def take(self, keep_newest: bool) -> list[LogInterval]:
+        """Log intervals ready to be read; on CUDA the newest is kept back until the next boundary."""
         keep = 1 if (keep_newest and self._cuda) else 0
         ready, self._pending = (
             self._pending[: len(self._pending) - keep],

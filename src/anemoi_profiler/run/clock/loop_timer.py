@@ -5,9 +5,8 @@ Lightning calls `trainer.profiler.start/stop` around every fetch from the traini
 and wraps every callback hook in `trainer.profiler.profile` (the action names: `run/lightning_private.py`).
 Standing in for the profiler (the user's `SimpleProfiler` or `PyTorchProfiler` as well as Lightning's
 do-nothing default) sees both without a hook of our own: every call goes on to the real profiler unchanged.
-`profile` is the real profiler's own method (or, for Lightning's do-nothing default, a cheaper nothing: see
-`tracking.startup.resting_profile`) except while a sample is taken or a block is watched (the first training
-step, whose FLOPs are counted), so the per-hook cost stays at most what Lightning already pays.
+`profile` is the real profiler's own method except while a sample is taken or a block is watched (the first
+training step, whose FLOPs are counted), so the per-hook cost is what Lightning already pays.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from ...tracking.startup import resting_profile
 from ..lightning_private import CALLBACK_PREFIX, FETCH_ACTIONS
 from .intervals import STAGES
 
@@ -30,8 +28,7 @@ class LoopTimer:
         """Seconds fetching per stage, until `BatchGaps` takes them at a batch's end (and zeroes them)."""
         self.fetches = dict.fromkeys(STAGES, 0)
         self._fetch_started = 0.0
-        self._resting_profile = resting_profile(profiler)
-        self.profile = self._resting_profile
+        self.profile = profiler.profile
         self._sample: dict[str, float] | None = None
         self._around: tuple[str, Callable[[], AbstractContextManager[Any]]] | None = None
 
@@ -79,7 +76,7 @@ class LoopTimer:
 
     def _unwatch_if_idle(self) -> None:
         if self._sample is None and self._around is None:
-            self.profile = self._resting_profile
+            self.profile = self.wrapped.profile
 
     @contextmanager
     def _watching_profile(self, action_name: str) -> Iterator[str]:

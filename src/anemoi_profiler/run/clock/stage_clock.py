@@ -2,15 +2,15 @@
 
 Throughput and step timing read the same intervals. Measuring them once per batch, and exchanging them
 across ranks once per log interval, keeps the per-batch cost of the profiler the same however many of
-them listen: the first listener to join drives the clock from its hooks, the others only receive laps.
+them listen: one callback drives the clock from Lightning's hooks (`callbacks.clock_callback`), the
+listeners only receive log intervals.
 
-What a listener gets: per log interval, `Lap`s with batches, samples, items, elapsed time and where the time
+What a listener gets: per log interval, `LogInterval`s with batches, samples, items, elapsed time and where the time
 between the steps went (data fetch, other callbacks, Lightning's loop: see `batch_gaps`), steady-state only
 (after `throughput.warmup_steps` training batches, never the sanity check), with validation time and the
 profiler's own work (trace export, snapshot dump) taken out of training intervals; and every rank's
-`RankTotals` over the same laps. The hot path per batch is a few `perf_counter` calls and additions and a
-batch-size lookup, in Lightning's batch hooks themselves (one Python call each, see `on_train_batch_start`);
-logging and the cross-rank exchange happen only at log intervals.
+`RankTotals` over the same intervals. The hot path per batch is a few `perf_counter` calls and additions and a
+batch-size lookup; logging and the cross-rank exchange happen only at log intervals.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from .. import trainer_info
 from ..distributed import RankExchange
 from ..gradient_sync import GradientSyncTimer
 from ..lightning_private import TRAIN_FETCH, missing
+from ..trainer_info import TrainerLike
 from .batch_gaps import BatchGaps
-from .intervals import STAGES, Lap, RankTotals, StageMeter
+from .intervals import STAGES, ExchangeControl, LogInterval, RankTotals, StageMeter
 from .own_work import OwnWorkClock
 from .step_record import StepRecord
 
@@ -36,21 +37,21 @@ from .step_record import StepRecord
 class Listener(Protocol):
     def count_batch(self, stage: str, batch: Any) -> tuple[int, int]: ...
 
-    def lap_extras(self, stage: str) -> dict[str, float]: ...
+    def interval_extras(self, stage: str) -> dict[str, float]: ...
 
     def rank_values(self, stage: str) -> dict[str, float]: ...
 
     def first_train_batch(self, batch: Any, ended: bool) -> None: ...
 
-    def report_laps(
-        self, trainer: Any, stage: str, laps: list[tuple[Lap, float]], ranks: list[RankTotals] | None
+    def report_log_intervals(
+        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
     ) -> None: ...
 
 
 class TrainExchangeHook(Protocol):
-    def outgoing(self, local: RankTotals) -> None: ...
+    def outgoing(self, control: ExchangeControl) -> None: ...
 
-    def received(self, step: int, ranks: list[RankTotals]) -> None: ...
+    def received(self, step: int, ranks: list[RankTotals], controls: list[ExchangeControl]) -> None: ...
 
 
 class StageClock:
@@ -88,17 +89,17 @@ class StageClock:
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
         self.hook_failed: Callable[[str, Exception], None] = _raise
-        """Set by the driving callback: what an error in a batch hook does (by default, it is raised)."""
+        """Set by the clock callback: what an error in a batch hook does (by default, it is raised)."""
         self.train_exchanges: list[TrainExchangeHook] = []
         """Add to each training exchange and read what it gathered: triggers, the window summaries' exchange."""
 
     def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
-        """Add a listener; True when it is the first, which then drives the clock from its hooks."""
+        """Add a listener; True when it is the first, which then puts the clock callback into the trainer."""
         self.listeners.append(listener)
         if counts:
             self._counters.append(listener.count_batch)
         if has_extras:
-            self._extras.append(listener.lap_extras)
+            self._extras.append(listener.interval_extras)
         self._count = self._counters[0] if len(self._counters) == 1 else self._count_all
         return len(self.listeners) == 1
 
@@ -116,10 +117,9 @@ class StageClock:
             self._train.pause()
             self._epoch_starting = True
 
-    # The four batch hooks are Lightning's own, put on the driving callback's instance (see `StageCallback`):
-    # Lightning calls them directly, between torch's operators, where each Python call costs microseconds.
-    # An error goes to `hook_failed`, which stops the driving; training goes on.
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    # The four batch hooks, called by the clock callback's hooks of the same names (`callbacks.clock_callback`).
+    # An error goes to `hook_failed`, which stops the clock; training goes on.
+    def on_train_batch_start(self, trainer: TrainerLike, pl_module: Any, batch: Any, batch_idx: int) -> None:
         try:
             if self.train_batches_seen == 0:
                 for listener in self.listeners:
@@ -132,7 +132,9 @@ class StageClock:
         except Exception as error:
             self.hook_failed("on_train_batch_start", error)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: TrainerLike, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         try:
             self.last_train_batch_end = self._now()
             self.steps.train_step_ended(self.last_train_batch_end)
@@ -146,7 +148,7 @@ class StageClock:
                 samples, items = self._count("train", batch)
                 meter.count(samples, items)
                 if meter.batches >= self.config.log_every_n_steps:
-                    self.lap(trainer, "train")
+                    self.end_interval(trainer, "train")
             else:
                 self.gaps.batch_ended("train", None, sample_next_gap=False)
                 if self.train_batches_seen == self.config.throughput.warmup_steps:
@@ -155,11 +157,11 @@ class StageClock:
         except Exception as error:
             self.hook_failed("on_train_batch_end", error)
 
-    def train_end(self, trainer: Any) -> None:
+    def train_end(self, trainer: TrainerLike) -> None:
         # What ran after the last batch (epoch-end hooks, the last checkpoint) is no batch's: the steady figures
         # end where the last batch did, as a clock around the batches reads.
         self.meters["train"].leave_out_since(self.last_train_batch_end)
-        self.lap(trainer, "train", final=True)
+        self.end_interval(trainer, "train", final=True)
         self.meters["train"].stop()
         train = self.totals["train"]
         if self.gaps.loop_timer is not None and not train.fetches and train.batches > train.epoch_starts:
@@ -167,14 +169,14 @@ class StageClock:
             missing(f"profiler action {TRAIN_FETCH!r}", "the data wait is not assessed")
 
     # ---- validation (never the sanity check) ----
-    def validation_start(self, trainer: Any) -> None:
+    def validation_start(self, trainer: TrainerLike) -> None:
         if not trainer.sanity_checking:
             self.meters["train"].stop()
             self.steps.stage_started("val", self._now())
         self.gaps.reset()
 
     def on_validation_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: TrainerLike, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         try:
             self.gaps.batch_started()
@@ -187,7 +189,7 @@ class StageClock:
             self.hook_failed("on_validation_batch_start", error)
 
     def on_validation_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: TrainerLike, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         try:
             meter = self.meters["val"]
@@ -199,14 +201,14 @@ class StageClock:
             samples, items = self._count("val", batch)
             meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
-                self.lap(trainer, "val")
+                self.end_interval(trainer, "val")
         except Exception as error:
             self.hook_failed("on_validation_batch_end", error)
 
-    def validation_end(self, trainer: Any) -> None:
+    def validation_end(self, trainer: TrainerLike) -> None:
         if trainer.sanity_checking:
             return
-        self.lap(trainer, "val", final=True)
+        self.end_interval(trainer, "val", final=True)
         self.meters["val"].stop()
         self.steps.stage_started("train", self._now())
         if self.train_batches_seen >= self.config.throughput.warmup_steps and trainer.state.fn == "fit":
@@ -222,32 +224,34 @@ class StageClock:
             samples, items = max(samples, counted[0]), max(items, counted[1])
         return samples, items
 
-    def lap(self, trainer: Any, stage: str, final: bool = False) -> None:
+    def end_interval(self, trainer: TrainerLike, stage: str, final: bool = False) -> None:
         """Close the interval, exchange it across ranks and hand it to every listener."""
         meter = self.meters[stage]
         extras: dict[str, float] = {}
-        for lap_extras in self._extras:
-            extras.update(lap_extras(stage))
-        meter.lap(trainer_info.global_step(trainer), extras)
-        taken = [(lap, lap.measured_s()) for lap in meter.take(keep_newest=not final)]
+        for interval_extras in self._extras:
+            extras.update(interval_extras(stage))
+        meter.end_interval(trainer_info.global_step(trainer), extras)
+        taken = [(interval, interval.measured_s()) for interval in meter.take(keep_newest=not final)]
         local = RankTotals()
-        for lap, seconds in taken:
-            local.add(RankTotals.of_lap(lap, seconds))
+        for interval, seconds in taken:
+            local.add(RankTotals.of_interval(interval, seconds))
         if stage == "train":
             local.collective_wait_s, sync_steps = self.gradient_sync.take()
             local.sync_steps = float(sync_steps)
         for listener in self.listeners:
             for name, value in listener.rank_values(stage).items():
                 setattr(local, name, value)
+        control = ExchangeControl()
         for hook in self.train_exchanges if stage == "train" else ():
-            hook.outgoing(local)
+            hook.outgoing(control)
         # Every rank reaches this point at the same batch count, so the collective lines up.
-        ranks = self._gather(local)
+        gathered = self._gather(local, control)
+        ranks, controls = gathered if gathered is not None else (None, None)
         # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
         # the longest epoch start (the others wait for it in the epoch's first step): every rank's epoch start.
         own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
         epoch_start_s = max(rank.epoch_start_s for rank in ranks) if ranks else local.epoch_start_s
-        laps = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
+        intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
         for totals in (local, *(ranks or ())):
             totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
             totals.epoch_start_s = epoch_start_s
@@ -259,10 +263,10 @@ class StageClock:
             self.exchanged[stage] = sums
         if ranks and stage == "train":
             for hook in self.train_exchanges:
-                hook.received(trainer_info.global_step(trainer), ranks)
-        if laps:
+                hook.received(trainer_info.global_step(trainer), ranks, controls or [])
+        if intervals:
             for listener in self.listeners:
-                listener.report_laps(trainer, stage, laps, ranks)
+                listener.report_log_intervals(trainer, stage, intervals, ranks)
 
     def gathered_totals(self, stage: str) -> list[RankTotals]:
         """Every rank's totals for the stage at the end.
@@ -273,32 +277,42 @@ class StageClock:
         local = self.totals[stage]
         if self.exchange.world_size == 1:
             return [local]
-        return self._gather(local) or self.exchanged[stage]
+        gathered = self._gather(local, ExchangeControl())
+        return gathered[0] if gathered is not None and gathered[0] else self.exchanged[stage]
 
-    def _gather(self, local: RankTotals) -> list[RankTotals] | None:
+    def _gather(
+        self, local: RankTotals, control: ExchangeControl
+    ) -> tuple[list[RankTotals], list[ExchangeControl]] | None:
+        """Every rank's measurements and control messages, in one collective."""
         if not self._exchanges_allowed():
             return None
-        ranks = self.exchange.gather(local.to_list())
-        return [RankTotals.from_list(values) for values in ranks] if ranks is not None else None
+        gathered = self.exchange.gather(local.to_list() + control.to_list())
+        if gathered is None:
+            return None
+        size = len(local.to_list())
+        return (
+            [RankTotals.from_list(values[:size]) for values in gathered],
+            [ExchangeControl.from_list(values[size:]) for values in gathered],
+        )
 
 
 def _raise(hook: str, error: Exception) -> None:
     raise error
 
 
-def _without_own_work(taken: list[tuple[Lap, float]], own_work_s: float) -> list[tuple[Lap, float]]:
-    """Each lap's seconds less its share of `own_work_s`, dropping laps that took no measurable time.
+def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float) -> list[tuple[LogInterval, float]]:
+    """Each interval's seconds less its share of `own_work_s`, dropping intervals that took no measurable time.
 
-    With one rank `own_work_s` is the laps' own work, taken out lap by lap; what other ranks' work and longer
-    epoch starts added (all ranks wait for the slowest) is spread over the laps by their length.
+    With one rank `own_work_s` is the intervals' own work, taken out interval by interval; what other ranks' work
+    and longer epoch starts added (all ranks wait for the slowest) is spread over the intervals by their length.
     """
-    own = sum(lap.own_work_s for lap, _ in taken)
+    own = sum(interval.own_work_s for interval, _ in taken)
     measured = sum(seconds for _, seconds in taken)
     waited = own_work_s - own
-    laps = []
-    for lap, seconds in taken:
+    intervals = []
+    for interval, seconds in taken:
         share = waited * seconds / measured if measured > 0 else 0.0
-        remaining = seconds - lap.own_work_s - share
+        remaining = seconds - interval.own_work_s - share
         if remaining > 0:
-            laps.append((lap, remaining))
-    return laps
+            intervals.append((interval, remaining))
+    return intervals
