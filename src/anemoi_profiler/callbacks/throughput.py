@@ -64,7 +64,7 @@ class ThroughputCallback(StageCallback):
             import_function(options.batch_size_fn) if options.batch_size_fn else None
         )
         self._warned: set[str] = set()
-        self.intervals: dict[str, list[steady.Interval]] = {stage: [] for stage in STAGES}
+        self.intervals = {stage: steady.IntervalLog() for stage in STAGES}
         """Rank 0's log intervals with the rates logged for each: the steady figures are made of them."""
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
@@ -194,7 +194,7 @@ class ThroughputCallback(StageCallback):
             global_rates = self._global_rates(stage, ranks)
             figures |= global_rates
             self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), intervals[-1][0].step)
-        self.intervals[stage].append(steady.Interval(intervals[-1][0].step, batches, seconds, figures))
+        self.intervals[stage].append(intervals[-1][0].step, batches, seconds, figures)
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
@@ -238,7 +238,7 @@ class ThroughputCallback(StageCallback):
         summary: dict[str, float] = {}
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
         for stage, ranks in gathered.items():
-            split = steady.split(self.intervals[stage])
+            split = steady.split(self.intervals[stage].intervals())
             seen = self.clock.train_batches_seen
             if stage == "train" and seen and not split.steady:
                 warmup = self.config.throughput.warmup_steps

@@ -38,7 +38,7 @@ class StepTimingCallback(StageCallback):
         self.resident = psutil.Process()
         self.peaks: dict[str, float] = {}
         self._readings: dict[str, float] = {}
-        self.intervals: dict[str, list[steady.Interval]] = {stage: [] for stage in STAGES}
+        self.intervals = {stage: steady.IntervalLog() for stage in STAGES}
         """Rank 0's log intervals with the times logged for each: the steady figures are made of them."""
         if self.cuda_device is not None:
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
@@ -78,7 +78,7 @@ class StepTimingCallback(StageCallback):
             times = {key: value for key, value in across.items() if not key.startswith(names.MEMORY)}
             batches = sum(interval.batches for interval, _ in intervals)
             seconds = sum(seconds for _, seconds in intervals)
-            self.intervals[stage].append(steady.Interval(intervals[-1][0].step, batches, seconds, times))
+            self.intervals[stage].append(intervals[-1][0].step, batches, seconds, times)
 
     def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         metrics = step_figures(stage, ranks)
@@ -94,7 +94,7 @@ class StepTimingCallback(StageCallback):
         gathered = {stage: self.gathered_totals(stage) for stage in STAGES}  # a collective: every rank
         for stage in STAGES:
             across = self._across_ranks(stage, gathered[stage])  # memory peaks and ranks over the whole run
-            split = steady.split(self.intervals[stage])
+            split = steady.split(self.intervals[stage].intervals())
             times = steady.combined(split.steady)
             if times:
                 across = {key: value for key, value in across.items() if key not in times} | times

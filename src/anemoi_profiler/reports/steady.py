@@ -11,6 +11,8 @@ stretches get figures of their own (`summary/train/slow_stretch_*`), which the d
 
 from __future__ import annotations
 
+import math
+from array import array
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -40,6 +42,48 @@ class Interval:
     @property
     def seconds_per_batch(self) -> float:
         return self.seconds / self.batches if self.batches else 0.0
+
+
+class IntervalLog:
+    """A stage's log intervals as numbers in columns, 8 bytes a number: a run of a million steps keeps a few MB, not
+    a dict per interval. `intervals()` gives them back as `Interval`s when the run ends."""
+
+    def __init__(self) -> None:
+        self._steps = array("q")
+        self._batches = array("d")
+        self._seconds = array("d")
+        self._figures: dict[str, array[float]] = {}  # NaN where an interval had no such figure
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def append(self, step: int, batches: float, seconds: float, figures: dict[str, float]) -> None:
+        count = len(self._steps)
+        for key in figures.keys() - self._figures.keys():
+            self._figures[key] = array("d", [math.nan] * count)
+        for key, column in self._figures.items():
+            column.append(figures.get(key, math.nan))
+        self._steps.append(step)
+        self._batches.append(batches)
+        self._seconds.append(seconds)
+
+    @property
+    def columns(self) -> int:
+        """Numbers kept per interval."""
+        return 3 + len(self._figures)
+
+    def intervals(self) -> list[Interval]:
+        return [
+            Interval(
+                step,
+                batches,
+                seconds,
+                {key: column[index] for key, column in self._figures.items() if not math.isnan(column[index])},
+            )
+            for index, (step, batches, seconds) in enumerate(
+                zip(self._steps, self._batches, self._seconds, strict=True)
+            )
+        ]
 
 
 @dataclass(frozen=True)
