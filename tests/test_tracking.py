@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -162,7 +163,8 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         fit.fit(TinyRegressor(step_sleep_s=0.1), train)
         assert fit.global_step == 30
 
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # MLflow 2.x lists proxied artifacts through it
+        # MLflow 2.x lists proxied artifacts through the process-global tracking URI (mlflow_versions)
+        mlflow.set_tracking_uri(server.uri)
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
         assert run.info.status == "FINISHED"
@@ -172,6 +174,7 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
         (folder,) = run_folders(tmp_path / "runs")
         assert not pending_batches(folder / "spool" / "rank0")
     finally:
+        mlflow.set_tracking_uri(None)
         server.stop()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +15,7 @@ from .mlflow_versions import (
     EXPERIMENT_KIND_TAG,
     MAX_TAG_VALUE_CHARS,
     PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE,
+    SQLITE_STORE_MAKES_MLRUNS_BEFORE,
     mlflow_version,
     sqlite_store_problem,
 )
@@ -84,10 +86,14 @@ class MlflowTarget:
             import mlflow
             from mlflow.tracking import MlflowClient
 
+            mlruns_there = Path("mlruns").exists()
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
             version = mlflow_version()
             if version is not None and version < PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE:
                 mlflow.set_tracking_uri(self.tracking_uri)  # in the sender's or the CLI's process, never training's
+            if not mlruns_there and version is not None and version < SQLITE_STORE_MAKES_MLRUNS_BEFORE:
+                with contextlib.suppress(OSError):  # the empty ./mlruns MLflow 2.x's sqlite store made; never a file
+                    Path("mlruns").rmdir()
         return self._client
 
     def ensure_run(self) -> str:
