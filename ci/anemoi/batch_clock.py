@@ -24,7 +24,14 @@ class BatchClock(Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         tensor = next(iter(batch.values())) if isinstance(batch, dict) else batch
-        self.batches.append({"t": time.perf_counter(), "epoch": trainer.current_epoch, "samples": int(tensor.shape[0])})
+        self.batches.append(
+            {
+                "t": time.perf_counter(),
+                "epoch": trainer.current_epoch,
+                "step": trainer.global_step,
+                "samples": int(tensor.shape[0]),
+            }
+        )
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._validation_start = time.perf_counter()
