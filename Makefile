@@ -22,7 +22,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed-base
 
 # hydra-core 1.3 requires omegaconf < 2.4, the dev venv has 2.4: both are tested. The pair (and antlr 4.9, which
 # both need) goes into a folder of its own, put first on PYTHONPATH by the tests that run in a subprocess
-# (tests/test_hydra.py); everything else comes from the venv. Made once, then kept until `make clean`.
+# (tests/system/test_hydra.py); everything else comes from the venv. Made once, then kept until `make clean`.
 OMEGACONF23 := $(VENV)/omegaconf23
 export ANEMOI_PROFILER_OMEGACONF23 := $(abspath $(OMEGACONF23))
 

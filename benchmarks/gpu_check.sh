@@ -5,7 +5,7 @@
 # 5 minutes on an H200 with torch and Lightning preinstalled.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine
-#   DRY_RUN=1 bash benchmarks/gpu_check.sh  # anywhere, on CPU, tiny sizes (tests/test_benchmarks.py)
+#   DRY_RUN=1 bash benchmarks/gpu_check.sh  # anywhere, on CPU, tiny sizes (tests/system/test_benchmarks.py)
 #
 # Packages the machine lacks (mlflow, omegaconf, torchinfo, traceinsight, ... see docs/benchmarks.md)
 # travel as wheels in .whl/ and are installed into /tmp/site; without them the parts that need them are

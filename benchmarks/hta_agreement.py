@@ -2,7 +2,7 @@
 
     python benchmarks/hta_agreement.py TRACE_FOLDER [--json OUT.json]
 
-The fields both compute (tests/test_window_summary_hta.py asserts them on the shared fixtures): the temporal
+The fields both compute (tests/unit/test_window_summary_hta.py asserts them on the shared fixtures): the temporal
 breakdown (idle, compute, non-compute % of the device span), the idle time breakdown (host wait, kernel wait,
 other, in points of the span), the communication/computation overlap and the top kernels' total times. Prints
 one line per rank and field with both values and the difference in percentage points; also the time and peak

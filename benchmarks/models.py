@@ -2,7 +2,7 @@
 
 CPU: an MLP sized to a 20 ms training step (`cpu-20ms`, the always-on overhead's model: a realistic step on
 one core), smaller ones for short runs (`cpu`, about 1 ms) and the quick mode (`tiny`).
-CUDA: the H200 baseline model of shared/fixtures/README.md (read off its trace): an 8-layer pre-norm
+CUDA: the H200 baseline model of tests/fixtures/README.md (read off its trace): an 8-layer pre-norm
 transformer encoder, d=1024, 16 heads, vocabulary 8192, batch 16 x 512 tokens, AdamW, bf16-mixed.
 """
 

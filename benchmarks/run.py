@@ -40,13 +40,12 @@ from targets import check_targets
 from trace_sections import detailed_preset_check, hta_scaling, trace_and_report_cost
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_NAME = Path("fixtures/traces/h200_single_gpu/rank-0.pt.trace.json.gz")
-FIXTURE_CANDIDATES = (REPO.parent / "shared" / FIXTURE_NAME, REPO / "shared" / FIXTURE_NAME)
+FIXTURE = REPO / "tests" / "fixtures" / "traces" / "h200_single_gpu" / "rank-0.pt.trace.json.gz"
 SECTIONS = ("overhead", "sink", "trace", "hta", "detailed", "short")
 H200_BASELINE = {
     "bare_step_ms": 23.96,
     "ThroughputMonitor_ratio": 1.105,
-    "source": "shared/fixtures/README.md (H200, 60 measured steps, median of 2 runs)",
+    "source": "tests/fixtures/README.md (H200, 60 measured steps, median of 2 runs)",
 }
 
 
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         if "hta" in sections:
-            fixture = hta_source(args.fixture, results)
+            fixture = hta_source(args.fixture)
             section("hta_scaling", lambda: hta_scaling(fixture, mode.hta_ranks, mode.hta_time_limit_s, work_dir))
     finally:
         server.stop()
@@ -202,15 +201,9 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] benchmarks: {message}", file=sys.stderr, flush=True)
 
 
-def hta_source(explicit: str | None, results: dict[str, Any]) -> Path:
-    """The H200 fixture when shared/ is beside or inside the checkout, else the CUDA trace this run wrote."""
-    if explicit:
-        return Path(explicit)
-    for candidate in FIXTURE_CANDIDATES:
-        if candidate.is_file():
-            return candidate
-    written = results.get("trace_cost", {}).get("ours", {}).get("path")
-    return Path(written) if written and results["meta"]["device"] == "cuda" else FIXTURE_CANDIDATES[0]
+def hta_source(explicit: str | None) -> Path:
+    """The H200 trace of the test fixtures (a real GPU trace, the same on every machine), or the one given."""
+    return Path(explicit) if explicit else FIXTURE
 
 
 def cpu_name() -> str:

@@ -2,7 +2,7 @@
 
 `python docs/gen_gate_table.py` prints the two Markdown tables of docs/regression-gate.md ("How often the gate is
 wrong"): the steps' noise alone (runs that do not drift, `--drift-floor 0`), then runs that drift apart, with the
-default floor; tests/test_gate.py runs the same simulation on a few rows and checks the limits.
+default floor; tests/unit/test_gate.py runs the same simulation on a few rows and checks the limits.
 """
 
 from __future__ import annotations

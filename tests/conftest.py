@@ -1,4 +1,4 @@
-"""Shared test setup: real MLflow stores in temp folders, the shared fixtures, no telemetry."""
+"""Shared test setup: real MLflow stores in temp folders, the recorded fixtures (tests/fixtures), no telemetry."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture
 def fixtures_dir() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.fail(f"shared fixtures not found at {FIXTURES}: CI lays shared/ beside the checkout")
     return FIXTURES
 
 

@@ -33,7 +33,7 @@ pip=("$env_dir/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip >&2
 "${pip[@]}" -r "$here/floor.txt" "$repo[hta]" >&2
 # SQLAlchemy 2.1, what pip picks beside an MLflow 2.x client today, in a folder of its own: put first on the path of
-# one test's subprocess (tests/test_mlflow_versions.py), it checks the clear error of that combination.
+# one test's subprocess (tests/unit/test_mlflow_versions.py), it checks the clear error of that combination.
 "${pip[@]}" --no-deps --target "$env_dir/sqlalchemy21" "sqlalchemy==2.1.*" >&2
 "$env_dir/bin/python" -c "
 import torch, lightning, pytorch_lightning, mlflow, anemoi_profiler

@@ -3,7 +3,7 @@
 torch has no public way to read a profiling window's events without writing a trace, to ask CUDA's profiler for
 synchronization events (HTA's critical path needs them), or to record and dump the caching allocator's history
 (what pytorch.org/memory_viz opens). The profiler reaches them through the functions below; the supported range
-is torch 2.4 to the newest. tests/test_torch_private.py checks each against the installed torch, on every stack of
+is torch 2.4 to the newest. tests/unit/test_torch_private.py checks each against the installed torch, on every stack of
 the version matrix (ci/matrix), so that a name that moves fails there rather than in a user's run.
 """
 

@@ -4,7 +4,7 @@ Lightning has no public way to see a data fetch or the training step without the
 `MLFlowLogger`'s store and key prefix, to reach the user's DDP communication hook before it is registered, or to
 tell that it unwrapped a compiled LightningModule. The profiler reads them here: the action names Lightning passes
 to `trainer.profiler` (built from its private loop classes, strings inside its loops) and the attributes of
-`PRIVATE_ATTRIBUTES`. tests/test_lightning_private.py checks each on every installed Lightning namespace
+`PRIVATE_ATTRIBUTES`. tests/integration/test_lightning_private.py checks each on every installed Lightning namespace
 (`lightning.pytorch` and `pytorch_lightning`), the action names in a real fit. On a Lightning that lacks one, the
 figure it feeds is not assessed or found another way, with one warning (`missing`); the fit goes on.
 """

@@ -2,7 +2,7 @@
 
 The profiler talks to MLflow through its public client (`MlflowClient`, `mlflow.entities`, `mlflow.exceptions`,
 `mlflow.artifacts`), which holds across that range. What does not hold is named below with the versions it holds
-in; tests/test_mlflow_versions.py checks each against the installed MLflow, on every stack of the version matrix
+in; tests/unit/test_mlflow_versions.py checks each against the installed MLflow, on every stack of the version matrix
 (ci/matrix). The versions are read from the packages' metadata: nothing here imports MLflow.
 """
 

@@ -1,0 +1,256 @@
+"""Epoch starts: the time from a training epoch's start to its first batch is its own figure, not step time.
+
+With `persistent_workers=False` every epoch starts the DataLoader's workers again (anemoi's dataset opens again
+in each). Real fits on CPU with a worker start made slow (`worker_init_fn` sleeps), checked against a clock of
+the test's own: the steady step time agrees with the cadence between batches of the same epoch, the epoch-start
+figure with the time from each epoch's start to its first batch, and the diagnosis names persistent_workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from statistics import mean, median
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.layout import run_folders
+from anemoi_profiler.reports.diagnosis import diagnose
+from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
+from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.run.clock import RankTotals
+from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, example, only_run_folder, run_ok
+from tests.helpers.lightning_models import TinyRegressor, trainer
+from tests.system.test_distributed import rank_0_of_two
+
+WORKER_START_S = 0.3
+"""How long each training DataLoader worker takes to start (its `worker_init_fn` sleeps)."""
+VAL_WORKER_START_S = 0.5
+STEP_S = 0.01
+BATCHES_PER_EPOCH = 8
+EPOCHS = 3
+WARMUP = 3
+BATCH = 16
+CADENCE_TOLERANCE = 0.2
+"""The profiler's steady step time is within 20% of the test's own mean cadence between batches of an epoch
+(on 2 shared cores; an epoch start folded into the steps would make it 3x)."""
+INDEPENDENT_EPOCH_START_TOLERANCE_S = 0.05
+"""Per epoch start: the profiler's hooks and the test's callback run next to each other in the same hooks."""
+
+
+def slow_worker_start(worker_id: int) -> None:
+    time.sleep(WORKER_START_S)
+
+
+def slow_val_worker_start(worker_id: int) -> None:
+    time.sleep(VAL_WORKER_START_S)
+
+
+class IndependentClock(pl.Callback):
+    """Batches and epoch starts timed with the test's own `perf_counter`, listed after the profiler's callbacks."""
+
+    def __init__(self) -> None:
+        self.cadence_s: list[float] = []
+        """Between `on_train_batch_end` of consecutive batches of the same epoch with no validation between."""
+        self.epoch_start_s: dict[int, float] = {}
+        """Per epoch: from its `on_train_epoch_start` to its first `on_train_batch_start`."""
+        self._last_end: float | None = None
+        self._epoch_started: float | None = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self._last_end, self._epoch_started = None, time.perf_counter()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self._epoch_started is not None:
+            self.epoch_start_s[trainer.current_epoch] = time.perf_counter() - self._epoch_started
+            self._epoch_started = None
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.cadence_s.append(now - self._last_end)
+        self._last_end = now
+
+    def on_validation_start(self, *args: Any) -> None:
+        self._last_end = None
+
+
+def data(size: int, worker_init_fn: Any, persistent_workers: bool) -> DataLoader:
+    x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
+    return DataLoader(
+        TensorDataset(x, x.sum(1, keepdim=True)),
+        batch_size=BATCH,
+        num_workers=1,
+        persistent_workers=persistent_workers,
+        worker_init_fn=worker_init_fn,
+    )
+
+
+def fit(tmp_path: Path, persistent_workers: bool = False, validate: bool = False) -> tuple[Path, IndependentClock]:
+    config = ProfilerConfig.load(
+        None,
+        [
+            f"output_dir={tmp_path / 'runs'}",
+            "tracking.enabled=false",
+            "report.console=false",
+            "report.html=false",
+            "system.enabled=false",
+            "log_every_n_steps=5",
+            f"throughput.warmup_steps={WARMUP}",
+        ],
+    )
+    clock = IndependentClock()
+    train = data(BATCH * BATCHES_PER_EPOCH, slow_worker_start, persistent_workers)
+    val = data(BATCH * 2, slow_val_worker_start, False) if validate else None
+    options: dict[str, Any] = {"limit_val_batches": 2, "num_sanity_val_steps": 0} if validate else {}
+    trainer([*build_callbacks(config), clock], max_epochs=EPOCHS, **options).fit(
+        TinyRegressor(step_sleep_s=STEP_S), train, val
+    )
+    (run_dir,) = run_folders(tmp_path / "runs")
+    return run_dir, clock
+
+
+def summary(run_dir: Path) -> dict[str, float]:
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {key.removeprefix(names.SUMMARY): points["value"][-1] for key, points in metrics.items()}
+
+
+def measured_epoch_starts_s(clock: IndependentClock) -> float:
+    """The test's own time at the starts of the epochs after the warmup (epoch 0's first batches are the warmup)."""
+    return sum(seconds for epoch, seconds in clock.epoch_start_s.items() if epoch > 0)
+
+
+def assert_steady_step_agrees_with_the_cadence(figures: dict[str, float], clock: IndependentClock) -> None:
+    cadence_ms = mean(clock.cadence_s) * 1000
+    assert figures["train/step_ms"] == pytest.approx(cadence_ms, rel=CADENCE_TOLERANCE), (
+        f"profiler {figures['train/step_ms']:.1f} ms, own clock {cadence_ms:.1f} ms mean, "
+        f"{median(clock.cadence_s) * 1000:.1f} ms median"
+    )
+
+
+def test_worker_start_up_at_each_epoch_is_its_own_figure_and_named_by_the_diagnosis(tmp_path: Path) -> None:
+    run_dir, clock = fit(tmp_path)
+    figures = summary(run_dir)
+
+    assert_steady_step_agrees_with_the_cadence(figures, clock)
+    starts = EPOCHS - 1
+    assert figures["train/epoch_starts"] == starts
+    assert figures["train/epoch_start_s"] >= starts * WORKER_START_S
+    assert figures["train/epoch_start_s"] == pytest.approx(
+        measured_epoch_starts_s(clock), abs=starts * INDEPENDENT_EPOCH_START_TOLERANCE_S
+    )
+    # The steady rate, the epoch starts and the rate with them reconcile: samples / rate + epoch starts.
+    samples = (
+        json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]["train/measured_batches"]
+        * BATCH
+    )
+    assert samples / figures["train/samples_per_sec"] + figures["train/epoch_start_s"] == pytest.approx(
+        samples / figures["train/samples_per_sec_with_epoch_starts"]
+    )
+    assert figures["train/epoch_start_share"] == pytest.approx(
+        figures["train/epoch_start_s"] / (samples / figures["train/samples_per_sec_with_epoch_starts"])
+    )
+
+    throughput = json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]
+    assert throughput["data"]["train/dataloader_workers"] == 1
+    assert throughput["data"]["train/persistent_workers"] is False
+    assert f"{starts} measured epoch start(s) took" in throughput["note"]
+    (verdict,) = [v for v in diagnose(load_run(run_dir)) if v.id == "epoch-start-bound"]
+    assert verdict.severity == "high"  # 0.3 s a start against 8 batches of about 12 ms
+    assert f"of training time at {starts} epoch starts" in verdict.value
+    assert "persistent_workers=True" in verdict.next_step
+    assert "persistent_workers=False" in verdict.message
+
+
+def test_persistent_workers_start_once_and_the_verdict_stays_quiet(tmp_path: Path) -> None:
+    run_dir, clock = fit(tmp_path, persistent_workers=True)
+    figures = summary(run_dir)
+
+    assert_steady_step_agrees_with_the_cadence(figures, clock)
+    assert figures["train/epoch_starts"] == EPOCHS - 1
+    assert figures["train/epoch_start_share"] < EPOCH_START_SHARE
+    assert "epoch-start-bound" not in {verdict.id for verdict in diagnose(load_run(run_dir))}
+
+
+def test_validation_between_epochs_is_not_counted_as_an_epoch_start(tmp_path: Path) -> None:
+    """The validation DataLoader's workers start slowly too (0.5 s, before every validation): that time is
+    validation's, outside the epoch starts. (The step time is not compared with the cadence here: Lightning
+    starts the validation DataLoader's worker processes before `on_validation_start`, and that fork stays in
+    the last training batch's time; docs/metrics.md says so.)"""
+    run_dir, clock = fit(tmp_path, validate=True)
+    figures = summary(run_dir)
+
+    starts = EPOCHS - 1
+    assert figures["train/epoch_starts"] == starts
+    assert figures["train/epoch_start_s"] == pytest.approx(
+        measured_epoch_starts_s(clock), abs=starts * INDEPENDENT_EPOCH_START_TOLERANCE_S
+    )
+    assert figures["train/epoch_start_s"] < starts * (WORKER_START_S + VAL_WORKER_START_S)
+    assert figures["val/step_ms"] > 0
+
+
+@pytest.mark.slow
+def test_two_ranks_restarting_their_workers_every_epoch(tmp_path: Path) -> None:
+    """DDP with gloo in real processes (`examples/ddp_train.py`): each rank's DataLoader worker takes 0.3 s to
+    start, every epoch. The ranks exchange their epoch starts; the longest is every rank's (the others wait for
+    it in the epoch's first step), and the diagnosis names it. (The step time is not compared with a cadence
+    here: on our loaded 2-core VM the first step after a worker start was sometimes slower by hundreds of ms,
+    which stays in the steps; docs/metrics.md says so.)"""
+    output_dir = tmp_path / "runs"
+    epochs = 4
+    run_ok(
+        example(
+            "--devices=2",
+            f"--output-dir={output_dir}",
+            f"--epochs={epochs}",
+            f"--worker-start-ms={WORKER_START_S * 1000:.0f}",
+            *FAST,
+            "tracking.enabled=false",
+            "system.enabled=false",
+        ),
+        tmp_path,
+    )
+    run_dir = only_run_folder(output_dir)
+    figures = summary(run_dir)
+
+    starts = epochs - 1  # the warmup ends in the first epoch
+    assert figures["train/epoch_starts"] == starts
+    assert figures["train/epoch_start_s"] >= starts * WORKER_START_S
+    throughput = json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]
+    assert throughput["data"]["train/measured_batches"] == 2 * (MAX_STEPS - WARMUP_STEPS)
+    assert throughput["data"]["train/persistent_workers"] is False
+    assert "took" in throughput["note"] and "(the rank with the longest: the others wait for it)" in throughput["note"]
+    (verdict,) = [v for v in diagnose(load_run(run_dir)) if v.id == "epoch-start-bound"]
+    assert "persistent_workers=True" in verdict.next_step
+
+
+def test_the_longest_epoch_start_of_the_ranks_is_every_ranks(tmp_path: Path) -> None:
+    """Rank 1's workers took 0.5 s to start, rank 0's 0.2 s; rank 0 waited the difference in its first step's
+    gradient all-reduce. Both ranks' intervals lose it, and both count 0.5 s at the epoch start."""
+    callback = StageCallback(ProfilerConfig.load(None, [f"output_dir={tmp_path}", "throughput.warmup_steps=0"]))
+    rank_1 = RankTotals(batches=4.0, elapsed_s=0.6, epoch_start_s=0.5, epoch_starts=1.0)
+    trainer, _ = rank_0_of_two(callback, rank_1.to_list())
+    meter = callback.meters["train"]
+    meter._epoch_starts = [(9.8, 10.0)]
+    meter._segments = [(10.0, 10.9)]  # 0.3 s of it waiting for rank 1
+    for _ in range(4):
+        meter.count(0, 0)
+    trainer.global_step = 4
+    reported: list[tuple[list[float], list[RankTotals]]] = []
+    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
+        ([s for _, s in intervals], ranks)
+    )
+    callback.clock.end_interval(trainer, "train")
+
+    ((interval_seconds, ranks),) = reported
+    assert interval_seconds == [pytest.approx(0.6)]
+    assert [(rank.elapsed_s, rank.epoch_start_s) for rank in ranks] == [pytest.approx((0.6, 0.5))] * 2
+    totals = callback.totals["train"]
+    assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == pytest.approx((0.6, 0.5, 1.0))

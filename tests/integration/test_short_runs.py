@@ -1,0 +1,195 @@
+"""Short runs: the MLflow sender starts with the fit, beside its first steps, and ends with it; the report says
+when measured steps overlapped that start-up; every wait on the sender is bounded.
+
+What is timed (the 2 s target of a short fit) is the benchmark harness's, never a test's; these tests check the
+mechanisms with real fits, a real sqlite store and real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
+from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking.spool import write_run_info
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
+
+
+def profiled(tmp_path: Path, *overrides: str) -> list[Any]:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = ProfilerConfig.load(None, [f"output_dir={tmp_path / 'runs'}", f"tracking.uri={uri}", *overrides])
+    return build_callbacks(config)
+
+
+def report_data(callbacks: list[Any], section: str) -> dict[str, Any]:
+    run_dir = callbacks[0].session.run_dir
+    return json.loads((run_dir / "report.json").read_text())["sections"][section]["data"]
+
+
+def ignores_sigint(pid: int) -> bool:
+    """From the child's signal mask (Linux)."""
+    ignored = int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+    return bool(ignored & (1 << (signal.SIGINT - 1)))
+
+
+class BatchEndSpy(pl.Callback):
+    """Another callback with a batch-end hook, and a look at the callback list while the fit runs."""
+
+    def __init__(self) -> None:
+        self.seen: list[type] = []
+        self.callbacks: list[Any] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.seen:
+            self.callbacks = list(trainer.callbacks)
+            self.seen = [type(callback) for callback in self.callbacks]
+
+
+def children() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def test_the_sender_starts_with_the_fit_and_ends_with_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    before = children()
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    assert children() == before, "building the callbacks starts no process"
+    spy = BatchEndSpy()
+    train, _ = loaders(n_train=64)
+    trainer([*callbacks, spy], max_steps=4).fit(TinyRegressor(), train)
+    session = callbacks[0].session
+    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
+    assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
+    assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
+    assert children() == before, "the sender ended with the run"
+    for callback in [*callbacks, *spy.callbacks]:  # Lightning's hooks are the classes' own, none set on an instance
+        assert not [name for name in vars(callback) if name.startswith("on_")], type(callback).__name__
+    assert "start-up" not in capsys.readouterr().out  # no note on the sender's start-up at the end
+
+
+def sender_for(tmp_path: Path, uri: str, reply_timeout_s: float = sender.REPLY_TIMEOUT_S) -> sender.SenderProcess:
+    """A sender handle for a new run, as the sink makes it."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    write_run_info(spool, {"tracking_uri": uri, "experiment": "short", "run_id": None, "run_name": "short"})
+    return sender.SenderProcess(spool, uri, reply_timeout_s)
+
+
+def test_the_sender_is_out_of_the_trainings_ctrl_c(tmp_path: Path) -> None:
+    before = children()
+    target = sender_for(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        assert target.ensure_run()
+        (pid,) = children() - before
+        if sys.version_info >= (3, 11):
+            assert os.getpgid(pid) == pid  # the terminal's Ctrl-C goes to the training's group
+        assert ignores_sigint(pid)
+        os.kill(pid, signal.SIGINT)  # what a Ctrl-C sends it on Python 3.10, where it shares our group
+        target.replay()  # the same sender answers
+        assert children() - before == {pid}
+    finally:
+        target.stop()
+    assert children() == before
+
+
+def test_a_sender_that_does_not_answer_is_stopped_and_the_wait_ends(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers: the sink's thread waits `reply_timeout_s`, not
+    MLflow's own timeouts and retries, and the stuck sender is killed (the next request starts a new one)."""
+    before = children()
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        target = sender_for(tmp_path, f"http://127.0.0.1:{silent.getsockname()[1]}", reply_timeout_s=3.0)
+        with pytest.raises(sender.SenderError, match=r"no answer in 3 s"):
+            target.ensure_run()
+        assert children() == before
+
+
+def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    train, _ = loaders(n_train=16 * 10)
+    trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)
+    throughput = report_data(callbacks, "Throughput")
+    # ten tiny steps take milliseconds; importing MLflow in the sender takes most of a second
+    assert throughput["train/startup_overlap_s"] > 0
+    assert throughput["train/measured_s"] >= throughput["train/startup_overlap_s"]  # what the diagnosis weighs
+    run_dir = callbacks[0].session.run_dir
+    assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert run.data.metrics[names.SUMMARY_TRAIN_STARTUP_OVERLAP_S] == pytest.approx(
+        throughput["train/startup_overlap_s"]
+    )
+
+
+def test_no_start_up_work_no_overlap(tmp_path: Path) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "tracking.enabled=false")
+    train, _ = loaders(n_train=16 * 10)
+    trainer(callbacks, max_steps=10).fit(TinyRegressor(), train)
+    assert "train/startup_overlap_s" not in report_data(callbacks, "Throughput")
+
+
+def test_marks_go_in_only_where_another_callback_has_batch_hooks(tmp_path: Path) -> None:
+    train, _ = loaders(n_train=64)
+    after = BatchEndSpy()  # ours first, the spy after: only a last mark bounds what the spy spends
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    fit = trainer([*callbacks, after], max_steps=3)
+    fit.fit(TinyRegressor(), train)
+    assert LastCallbackMark in after.seen and FirstCallbackMark not in after.seen
+    assert not any(isinstance(c, (FirstCallbackMark, LastCallbackMark)) for c in fit.callbacks)  # out at the end
+
+    before = BatchEndSpy()  # before ours with a batch-end hook only: it runs inside the step's time, no mark
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    trainer([before, *callbacks], max_steps=3).fit(TinyRegressor(), train)
+    assert LastCallbackMark not in before.seen and FirstCallbackMark not in before.seen
+
+
+def test_another_callbacks_time_is_still_found_by_its_mark(tmp_path: Path) -> None:
+    class SlowBatchEnd(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(0.005)
+
+    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
+    train, _ = loaders(n_train=16 * 20)
+    trainer([*callbacks, SlowBatchEnd()], max_steps=20).fit(TinyRegressor(), train)
+    timing = report_data(callbacks, "Step time and memory")
+    assert timing["train/callbacks_ms"] >= 4.5  # the 5 ms sleep, after ours, bounded by the last mark
+
+
+def test_the_end_of_a_run_writes_its_plots_without_rasterising_them(tmp_path: Path) -> None:
+    """Lightning imports matplotlib with torchmetrics wherever it is installed; drawing the report's four plots
+    with it (Agg, PNG) was most of the end of a short run. The plots are SVG now, written by hand."""
+    script = (
+        "import json, sys\n"
+        "from anemoi_profiler import ProfilerConfig, build_callbacks\n"
+        "from tests.helpers.lightning_models import TinyRegressor, loaders, trainer\n"
+        f"config = ProfilerConfig.load(None, ['output_dir={tmp_path / 'runs'}', 'tracking.enabled=false',\n"
+        "                                     'report.console=false', 'log_every_n_steps=2',\n"
+        "                                     'throughput.warmup_steps=1', 'system.interval_s=0.2'])\n"
+        "callbacks = build_callbacks(config)\n"
+        "train, _ = loaders(n_train=64)\n"
+        "trainer(callbacks, max_steps=16).fit(TinyRegressor(), train)\n"
+        "agg = 'matplotlib.backends.backend_agg' in sys.modules\n"
+        "print(json.dumps({'run_dir': str(callbacks[0].session.run_dir), 'agg': agg}))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=Path(__file__).parents[2]
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    seen = json.loads(completed.stdout.splitlines()[-1])
+    assert seen["agg"] is False
+    run_dir = Path(seen["run_dir"])
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["memory.svg", "step_time.svg", "system.svg",
+                                                                    "throughput.svg"]  # fmt: skip
+    assert "data:image/svg+xml;base64," in (run_dir / "report.html").read_text()

@@ -1,0 +1,385 @@
+"""Distributed runs on CPU with gloo, in real processes: Lightning's launcher, torchrun, two nodes, a failing rank.
+
+Each test starts `examples/ddp_train.py` in subprocesses (never Lightning's DDP inside pytest: its launcher
+re-runs sys.argv) and checks what the job left behind: one run folder, one MLflow run, global figures that
+sum the ranks, per-node system metrics, and one trace per profiled rank in each window folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from anemoi_profiler import ProfilerConfig, names
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.run.clock import RankTotals, StageClock
+from anemoi_profiler.run.gradient_sync import GradientSyncTimer
+from tests.helpers.jobs import (
+    BATCH_SIZE,
+    FAST,
+    JOB_TIMEOUT_S,
+    MAX_STEPS,
+    SMALL_WINDOWS,
+    WARMUP_STEPS,
+    example,
+    finish_job,
+    free_port,
+    only_run,
+    only_run_folder,
+    run_jobs,
+    run_ok,
+    start_job,
+    throughput_summary,
+    torchrun,
+    trace_ranks,
+)
+
+
+def assert_global_is_sum_of_two_ranks(metrics: dict[str, float], prefix: str) -> None:
+    """In DDP the ranks run in lockstep, so the sum over two ranks is about twice rank 0's device rate."""
+    ratio = metrics[f"{prefix}train/samples_per_sec"] / metrics[f"{prefix}train/device/samples_per_sec"]
+    assert 1.6 < ratio < 2.4, metrics
+    # Every rank counts BATCH_SIZE samples per batch, so the sums keep that ratio exactly.
+    assert metrics[f"{prefix}train/samples_per_sec"] == pytest.approx(
+        BATCH_SIZE * metrics[f"{prefix}train/batches_per_sec"], rel=1e-9
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_traces(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    run_ok(example("--devices=2", f"--output-dir={output_dir}", "--preset=detailed", *FAST, *SMALL_WINDOWS), tmp_path)
+
+    run_dir = only_run_folder(output_dir)
+    run = only_run(f"sqlite:///{output_dir / 'mlflow.db'}")  # the embedded default store
+    assert run.info.status == "FINISHED"
+    metrics = run.data.metrics
+    for key in (
+        names.TRAIN_SAMPLES_PER_SEC,
+        names.TRAIN_DEVICE_SAMPLES_PER_SEC,
+        names.VAL_SAMPLES_PER_SEC,
+        names.TRAIN_STEP_MS,
+        names.TRAIN_STEP_MS_MIN,
+        names.TRAIN_STEP_MS_MAX,
+        names.TRAIN_SLOWEST_RANK,
+        names.CPU_UTILIZATION,  # one node: MLflow's plain names
+    ):
+        assert key in metrics, key
+    assert metrics[names.SUMMARY_TRAIN_STEP_MS_MIN] <= metrics[names.SUMMARY_TRAIN_STEP_MS]
+    assert metrics[names.SUMMARY_TRAIN_STEP_MS] <= metrics[names.SUMMARY_TRAIN_STEP_MS_MAX]
+    assert metrics[names.TRAIN_SLOWEST_RANK] in (0.0, 1.0)
+    tags = run.data.tags  # one run for the job: searchable by its parallelism
+    assert (tags["profiler.world_size"], tags["profiler.device_count"], tags["profiler.nodes"]) == ("2", "2", "1")
+    assert tags["profiler.strategy"].startswith("DDP") and "profiler.verdict" in tags
+    assert_global_is_sum_of_two_ranks(metrics, names.SUMMARY)
+
+    summary = throughput_summary(run_dir)
+    assert summary["train/measured_batches"] == 2 * (MAX_STEPS - WARMUP_STEPS)
+    assert summary["train/samples_per_sec"] == pytest.approx(metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC])
+
+    assert trace_ranks(run_dir) == {"train/window_0": [0, 1], "train/window_1": [0, 1], "val/window_0": [0, 1]}
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_torchrun_with_the_users_mlflow_logger_and_only_rank_1_profiled(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    tracking_uri = f"sqlite:///{tmp_path / 'given.db'}"
+    command = torchrun(
+        ["--nproc_per_node=2", f"--master_port={free_port()}"],
+        "--devices=2",
+        f"--output-dir={output_dir}",
+        f"--tracking-uri={tracking_uri}",
+        "--mlflow-logger",
+        *FAST,
+        *SMALL_WINDOWS,
+        "distributed.profiled_ranks=[1]",
+    )
+    run_ok(command, tmp_path)
+
+    run_dir = only_run_folder(output_dir)
+    run = only_run(tracking_uri)
+    assert not (output_dir / "mlflow.db").exists()
+    assert "train/loss" in run.data.metrics  # the logger's run is the profiler's run
+    assert_global_is_sum_of_two_ranks(run.data.metrics, names.SUMMARY)
+    assert names.TRAIN_STEP_MS_MAX in run.data.metrics
+    assert trace_ranks(run_dir) == {"train/window_0": [1], "train/window_1": [1], "val/window_0": [1]}
+
+
+@pytest.mark.slow
+def test_two_nodes_log_their_own_system_metrics_into_one_run(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"  # both "nodes" see it, as a shared file system
+    rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    launchers = [
+        torchrun(
+            [*rendezvous, f"--node_rank={node}"],
+            "--devices=1",
+            "--num-nodes=2",
+            f"--output-dir={output_dir}",
+            *FAST,
+        )
+        for node in (0, 1)
+    ]
+    for returncode, output in run_jobs(launchers, tmp_path):
+        assert returncode == 0, output[-6000:]
+
+    only_run_folder(output_dir)
+    metrics = only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics
+    assert names.system("cpu_utilization_percentage", "node_0") in metrics
+    assert names.system("cpu_utilization_percentage", "node_1") in metrics
+    assert names.CPU_UTILIZATION not in metrics
+    assert_global_is_sum_of_two_ranks(metrics, names.SUMMARY)
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_a_failing_rank_ends_the_job_and_rank_0_keeps_its_measurements(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    fail_at_step = 10
+    command = example(
+        "--devices=2",
+        f"--output-dir={output_dir}",
+        "--fail-on-rank=1",
+        f"--fail-at-step={fail_at_step}",
+        *FAST,
+        "distributed.timeout_s=20",
+    )
+    # Should it ever hang, every process prints its stacks before the job is killed: they show where.
+    started = time.monotonic()
+    [(returncode, output)] = run_jobs([command], tmp_path, {"DDP_TRAIN_DUMP_STACKS_AFTER_S": str(JOB_TIMEOUT_S - 30)})
+    elapsed_s = time.monotonic() - started
+
+    assert returncode != 0, output[-6000:]
+    assert "injected failure on rank 1" in output
+    assert elapsed_s < JOB_TIMEOUT_S - 30, output[-6000:]
+    run_dir = only_run_folder(output_dir)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["header"]["status"] == "FAILED"
+    # The global figures cover the intervals both ranks exchanged (batches 3-6 and 7-10), not rank 0's alone.
+    summary = report["sections"]["Throughput"]["data"]
+    assert summary["train/measured_batches"] == 2 * (fail_at_step - WARMUP_STEPS)
+    assert_global_is_sum_of_two_ranks(summary, "")
+    run = only_run(f"sqlite:///{output_dir / 'mlflow.db'}")
+    spooled = list((run_dir / "spool").glob("rank0/batch-*.json"))
+    assert names.TRAIN_SAMPLES_PER_SEC in run.data.metrics or spooled
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu(tmp_path: Path) -> None:
+    """FSDP shards over accelerator devices only: Lightning refuses it on CPU before any process starts.
+
+    torch refuses too: bypassing Lightning's check (a subclass of FSDPStrategy) ends in FullyShardedDataParallel
+    with "FSDP needs a non-CPU accelerator device, but no accelerator device is detected" (torch 2.13).
+    Should either ever accept CPU, this test runs the job and checks it like the DDP ones.
+    """
+    output_dir = tmp_path / "runs"
+    [(returncode, output)] = run_jobs(
+        [example("--strategy=fsdp", "--devices=2", f"--output-dir={output_dir}", *FAST)], tmp_path
+    )
+    refusals = [
+        line
+        for line in output.splitlines()
+        if "requires a GPU accelerator" in line or "FSDP needs a non-CPU accelerator" in line
+    ]
+    if returncode != 0 and refusals:
+        pytest.skip(f"FSDP on CPU is refused: {refusals[-1].strip()}")
+    assert returncode == 0, output[-6000:]
+    only_run_folder(output_dir)
+    assert_global_is_sum_of_two_ranks(only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics, names.SUMMARY)
+
+
+EXCHANGE_EXIT_JOB = Path(__file__).resolve().parents[1] / "helpers" / "exchange_exit_job.py"
+LOADED_RUNS = 5
+
+
+@pytest.mark.slow
+def test_ranks_exit_0_right_after_the_last_exchange_on_loaded_cores(tmp_path: Path) -> None:
+    """A rank that exits right after its last exchange must exit 0, also when the cores are busy.
+
+    Without `RankExchange.close` a gloo worker thread could still hold the last all-gather's tensors when the
+    interpreter finalized; freeing them took the GIL, Python ended the thread and C++ called std::terminate
+    (SIGABRT). This job died so in 19 of 80 runs under two busy loops, and in 0 of 40 with close; each run
+    here also fails if the profiler's group leaves a thread behind, which is what close prevents.
+    """
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for _ in range(LOADED_RUNS):
+            port = str(free_port())
+            jobs = [[sys.executable, str(EXCHANGE_EXIT_JOB), str(rank), port] for rank in (0, 1)]
+            for returncode, output in run_jobs(jobs, tmp_path):
+                assert returncode == 0, output[-3000:]
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def processes_left(session_id: int) -> list[str]:
+    """The command lines of the processes still in a job's session (its launcher started one: `start_job`)."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session_id:  # the fields after the name: state, ppid, pgrp, session
+                left.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue  # ended while we read
+    return left
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+@pytest.mark.parametrize("repetition", range(3))
+@pytest.mark.parametrize("preset", ["simple", "detailed"])
+def test_a_two_rank_fit_with_each_preset_ends_and_leaves_no_process(
+    tmp_path: Path, preset: str, repetition: int
+) -> None:
+    """The job ends when its ranks have finished, every time: no rank stays behind in the profiler's end.
+
+    On torch 2.4 a rank could stay in the session's end for good after the launcher exited 0 (the exchange's close);
+    the hang came in some fits only, so each preset runs several times.
+    """
+    output_dir = tmp_path / "runs"
+    job = start_job(example(f"--preset={preset}", "--devices=2", f"--output-dir={output_dir}", *FAST), tmp_path)
+    returncode, output = finish_job(job, time.monotonic() + JOB_TIMEOUT_S)
+    assert returncode == 0, output[-6000:]
+    deadline = time.monotonic() + 10  # rank 1 ends right after rank 0: give it a moment
+    while (left := processes_left(job.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        os.killpg(job.pid, signal.SIGKILL)
+    assert not left, f"processes left behind by the job: {left}\n{output[-3000:]}"
+    run_dir = only_run_folder(output_dir)
+    assert (run_dir / "report.json").is_file()
+    windows = trace_ranks(run_dir)
+    if preset == "detailed":  # the preset's windows, each with one trace per rank
+        assert windows, "the detailed preset wrote no trace"
+        assert all(ranks == [0, 1] for ranks in windows.values()), windows
+    else:
+        assert not windows, windows
+
+
+SESSIONS_IN_A_ROW = 40
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_closing_the_exchange_at_the_end_of_a_session_always_returns(tmp_path: Path) -> None:
+    """Every session's end closes its exchange; the close must return, on every supported torch.
+
+    On torch 2.4 the close joined a gloo worker thread that was freeing the last all-gather's tensors and needed
+    the GIL the close held: the rank stayed in `ProfilerSession._finish` for good (an orphan process after the job,
+    seen in 2 of 7 two-rank fits on a busy machine; this job hung within its first 30 sessions in 3 of 3 runs).
+    """
+    port = str(free_port())
+    jobs = [[sys.executable, str(EXCHANGE_EXIT_JOB), str(rank), port, str(SESSIONS_IN_A_ROW)] for rank in (0, 1)]
+    for returncode, output in run_jobs(jobs, tmp_path):
+        assert returncode == 0, output[-3000:]
+
+
+class ScriptedExchange:
+    """Stands in for RankExchange: rank 1 reports `other_rank` (RankTotals' fields in order) for every interval."""
+
+    world_size = 2
+
+    def __init__(self, other_rank: list[float]) -> None:
+        self.other_rank = other_rank
+        self.calls = 0
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        self.calls += 1
+        return [list(values), list(self.other_rank)]
+
+
+def rank_0_of_two(callback: StageCallback, other_rank: list[float]) -> tuple[SimpleNamespace, ScriptedExchange]:
+    """Start `callback` as rank 0 of a two-rank job whose exchange is scripted; returns a stand-in trainer."""
+    session, exchange = callback.session, ScriptedExchange(other_rank)
+    session.world_size = 2
+    cpu = torch.device("cpu")
+    timer = GradientSyncTimer(cpu, data_parallel_size=2, enabled=True)
+    session.stage_clock = StageClock(session.config, cpu, exchange, session.own_work, timer, lambda: not session.failed)
+    trainer = SimpleNamespace(global_step=0, strategy=SimpleNamespace())
+    callback.on_session_start(trainer, None)
+    return trainer, exchange
+
+
+def fast_config(tmp_path: Path, *overrides: str) -> ProfilerConfig:
+    return ProfilerConfig.load(None, [f"output_dir={tmp_path}", "throughput.warmup_steps=0", *overrides])
+
+
+def test_global_totals_after_a_failure_cover_only_what_all_ranks_exchanged(tmp_path: Path) -> None:
+    """After a rank fails no exchange is possible; rank 0's totals alone must not pass for the sum over ranks."""
+    callback = StageCallback(fast_config(tmp_path))
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.5, 0.0])  # 4 batches in 0.5 s, no own work
+    meter = callback.meters["train"]
+    meter.start()
+    for interval in range(2):
+        for _ in range(4):
+            meter.count(0, 0)
+        trainer.global_step = 4 * (interval + 1)
+        callback.clock.end_interval(trainer, "train")
+    for _ in range(3):  # counted on rank 0 after the last exchange; then rank 1 fails
+        meter.count(0, 0)
+    callback.session.mark_failed("FAILED")
+    callback.clock.end_interval(trainer, "train", final=True)
+
+    totals = callback.gathered_totals("train")
+
+    assert [rank.batches for rank in totals] == [8.0, 8.0]
+    assert totals[1].elapsed_s == pytest.approx(1.0)
+    assert callback.totals["train"].batches == 11  # this rank's own figures keep everything it measured
+
+
+def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: Path) -> None:
+    """Rank 1 exported a trace for 0.3 s inside the interval; rank 0 waited for it in the gradient all-reduce.
+    Both ranks' intervals lose those 0.3 s, so the global rate stays the sum of like-for-like rates."""
+    callback = StageCallback(fast_config(tmp_path))
+    trainer, _ = rank_0_of_two(callback, [4.0, 0.0, 0.0, 0.0, 0.9, 0.3])  # 0.3 s of the 0.9 s its own work
+    meter = callback.meters["train"]
+    meter._segments = [(10.0, 10.9)]  # rank 0 measured 0.9 s, none of it its own work
+    for _ in range(4):
+        meter.count(0, 0)
+    trainer.global_step = 4
+    reported: list[tuple[list[float], list[RankTotals]]] = []
+    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
+        ([s for _, s in intervals], ranks)
+    )
+    callback.clock.end_interval(trainer, "train")
+
+    ((interval_seconds, ranks),) = reported
+    assert interval_seconds == [pytest.approx(0.6)]
+    assert [rank.elapsed_s for rank in ranks] == [pytest.approx(0.6), pytest.approx(0.6)]
+    assert callback.totals["train"].elapsed_s == pytest.approx(0.6)
+    assert [rank.elapsed_s for rank in callback.clock.exchanged["train"]] == [pytest.approx(0.6)] * 2
+
+
+class FailingRankZeroMetrics(StageCallback):
+    def on_log_intervals(self, trainer: Any, stage: str, intervals: Any, ranks: Any) -> None:
+        raise ZeroDivisionError("a bug in the metrics only rank 0 makes")
+
+
+def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) -> None:
+    """Metrics are made on rank 0 only: failing there must leave it in step with the other ranks' exchanges."""
+    callback = FailingRankZeroMetrics(fast_config(tmp_path, "log_every_n_steps=2"))
+    trainer, exchange = rank_0_of_two(callback, [2.0, 0.0, 0.0, 0.0, 0.1, 0.0])
+    clock_callback = callback.clock_callback  # what Lightning calls (the stand-in trainer has no callback list)
+    assert clock_callback is not None
+    clock_callback.on_train_start(trainer, None)
+    for index in range(6):
+        clock_callback.on_train_batch_start(trainer, None, None, index)
+        clock_callback.on_train_batch_end(trainer, None, None, None, index)
+
+    assert exchange.calls == 3
+    assert not callback.disabled and not callback.reporting
+    assert callback.totals["train"].batches == 6
