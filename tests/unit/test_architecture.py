@@ -16,7 +16,6 @@ from anemoi_profiler import layout
 from tests.conftest import FIXTURES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "anemoi_profiler"
-MAX_MODULE_LINES = 450
 
 
 def module_name(path: Path) -> str:
@@ -70,20 +69,6 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
         if name not in done:
             visit(name, [name])
     assert not cycles, cycles
-
-
-def test_no_source_module_is_over_the_size_limit() -> None:
-    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
-    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
-
-
-def test_no_benchmark_or_example_module_is_over_the_size_limit() -> None:
-    """The benchmark harness and the examples are read and changed like the package: the same limit."""
-    repo = PACKAGE.parents[1]
-    paths = [*(repo / "benchmarks").rglob("*.py"), *(repo / "examples").rglob("*.py")]
-    assert paths
-    sizes = {str(path.relative_to(repo)): len(path.read_text().splitlines()) for path in paths}
-    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
 
 
 def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
