@@ -1,4 +1,5 @@
-"""The cluster's view of the nodes' system samples, their exchange rows and the run folder's per-node tables."""
+"""The cluster's view of the nodes' system samples, their exchange rows, and the run folder's per-node tables as
+the report and `compare` read them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler import names
-from anemoi_profiler.reports.cluster_view import NOT_AN_OUTLIER, cluster_view
-from anemoi_profiler.reports.system_table import NodeSample, SystemTableWriter, read_system_table
+from anemoi_profiler.reports.cluster_view import NOT_AN_OUTLIER, cluster_view, nodes_section
+from anemoi_profiler.reports.compare import compare_runs
+from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.reports.system_table import NodeSample, SystemTableWriter, read_node_means, read_system_table
 from anemoi_profiler.run.system_nodes import decode, encode, row_length
 
 
@@ -101,3 +104,33 @@ def test_the_per_node_tables_are_appended_and_read_back(tmp_path: Path) -> None:
         {column: [] for column in nodes},
         {column: [] for column in gpus},
     )
+
+
+def test_node_means_stream_from_the_tables_and_give_the_reports_view(tmp_path: Path) -> None:
+    writer = SystemTableWriter(tmp_path)
+    writer.append([node(0, 80.0, {0: 90.0, 1: 92.0}), node(1, 70.0, {0: 40.0, 1: 91.0})])
+    writer.append([node(0, 84.0, {0: 94.0, 1: 96.0}), node(1, 74.0, {0: 44.0, 1: 95.0})])
+    means = {sample.node: sample for sample in read_node_means(tmp_path)}
+    assert means[0].values["cpu_utilization_percentage"] == 82.0
+    assert means[1].gpus == {0: {"utilization_percentage": 42.0, "temperature_celsius": 60.0},
+                             1: {"utilization_percentage": 93.0, "temperature_celsius": 61.0}}  # fmt: skip
+
+    section = nodes_section(list(means.values()))
+    assert section is not None
+    rows = {row[0]: row[1:] for row in section.rows}
+    assert rows["GPU utilisation (%)"] == ["42.0", "92.5", "94.0", "node 1, GPU 0"]
+    assert nodes_section([means[0]]) is not None  # one node, two GPUs: they can differ
+    assert nodes_section([NodeSample(0, -1, 0.0, {"cpu_utilization_percentage": 5.0})]) is None
+
+
+def test_compare_reads_the_gpu_utilisation_of_both_runs_from_their_tables(tmp_path: Path) -> None:
+    runs = []
+    for name, idle_gpu in (("a", 90.0), ("b", 30.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.json").write_text("{}")
+        SystemTableWriter(folder).append([node(0, 50.0, {0: 95.0, 1: idle_gpu})])
+        runs.append(load_run(folder))
+    differences = {d.label: d for d in compare_runs(*runs).metrics}
+    lowest = differences["GPU utilisation, lowest GPU"]
+    assert (lowest.a, lowest.b, lowest.status) == (90.0, 30.0, "regression")

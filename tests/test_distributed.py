@@ -181,7 +181,10 @@ def test_two_nodes_log_as_many_system_series_as_one_node_and_keep_the_detail_in_
     assert 0.0 <= run.data.metrics[median] <= 100.0
     assert run.data.metrics[names.cluster("cpu_utilization_percentage", "outlier_node")] in (-1.0, 0.0, 1.0)
 
-    nodes, _ = read_system_table(only_run_folder(two_nodes))
+    run_dir = only_run_folder(two_nodes)
+    nodes, _ = read_system_table(run_dir)
+    sections = json.loads((run_dir / "report.json").read_text())["sections"]
+    assert sections["System across nodes"]["data"]["cpu_utilization_percentage"]["max"] <= 100.0
     assert set(nodes["node"]) == {0, 1}  # every node's samples reached rank 0, through the exchange
     assert nodes["node"].count(0) == together[names.CPU_UTILIZATION]  # all of rank 0's node's samples
     assert nodes["node"].count(1) >= 2  # the first sample and the last, at least

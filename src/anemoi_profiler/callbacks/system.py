@@ -26,6 +26,7 @@ from ..measure.energy import EnergyShare, EnergyTally
 from ..measure.resource import GpuResource
 from ..measure.system_metrics import SystemMetricsSampler
 from ..report import ReportSection
+from ..reports.cluster_view import nodes_section
 from ..reports.system_table import NodeSample
 from ..run import trainer_info
 from ..run.system_nodes import NodeRecorder, SystemExchange
@@ -106,6 +107,7 @@ class SystemMetricsCallback(ProfilerCallback):
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
         if not self.session.is_global_zero or not (means or summary):
             return [], {}
+        across_nodes = nodes_section(self._recorder.means.means()) if self._recorder is not None else None
         values = {key.removeprefix(names.SYSTEM): (value, "") for key, value in means.items() if "energy" not in key}
         units = {"kwh": "kWh", "per_sample": "J"}
         for key, value in summary.items():
@@ -113,7 +115,8 @@ class SystemMetricsCallback(ProfilerCallback):
             values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
         samples = max((int(count) for _, count in self.sums.values()), default=0)
         notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]
-        return [ReportSection.key_values("System", values, " ".join(notes))], summary
+        sections = [ReportSection.key_values("System", values, " ".join(notes))]
+        return sections + ([across_nodes] if across_nodes is not None else []), summary
 
     # ---- energy of the whole job ----
     def _job_energy(self) -> tuple[dict[str, float], list[str]]:

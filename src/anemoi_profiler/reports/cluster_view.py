@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from statistics import median
 
 from .. import names
+from ..layout import SYSTEM_METRICS_DIR
+from ..report import ReportSection
 from .system_table import NodeSample
 
 NOT_AN_OUTLIER = -1.0
@@ -47,3 +49,40 @@ def _spread(leaf: str, entries: list[tuple[float, int, int]], gpu: bool) -> dict
     if gpu:
         spread[names.cluster(leaf, "outlier_gpu")] = outlier[1]
     return spread
+
+
+SECTION_FIGURES = (
+    ("cpu_utilization_percentage", "CPU utilisation", "%"),
+    ("system_memory_usage_percentage", "memory used", "%"),
+    ("gpu_utilization_percentage", "GPU utilisation", "%"),
+    ("gpu_memory_usage_percentage", "GPU memory used", "%"),
+    ("gpu_power_usage_watts", "GPU power", "W"),
+    ("gpu_temperature_celsius", "GPU temperature", "C"),
+)
+"""The figures of the report's view across nodes: what tells a node or GPU apart."""
+
+
+def nodes_section(means: list[NodeSample]) -> ReportSection | None:
+    """The report's view across the job's nodes and GPUs, from each one's means over the run; None on one node
+    with at most one GPU (nothing to set apart)."""
+    if len(means) < 2 and sum(len(sample.gpus) for sample in means) < 2:
+        return None
+    view, hosts = cluster_view(means), {sample.node: sample.host for sample in means}
+    rows, data = [], {}
+    for leaf, label, unit in SECTION_FIGURES:
+        if names.cluster(leaf, "median") not in view:
+            continue
+        low, middle, high, node = (view[names.cluster(leaf, s)] for s in names.CLUSTER_STATISTICS)
+        outlier = ""
+        if node >= 0:
+            outlier = f"node {int(node)}" + (f" ({hosts[int(node)]})" if hosts.get(int(node)) else "")
+            if leaf.startswith("gpu_"):
+                outlier += f", GPU {int(view[names.cluster(leaf, 'outlier_gpu')])}"
+        rows.append([f"{label} ({unit})", f"{low:.1f}", f"{middle:.1f}", f"{high:.1f}", outlier])
+        data[leaf] = {"min": low, "median": middle, "max": high, "outlier": outlier}
+    columns = ["mean over the run", "min", "median", "max", "farthest from the median"]
+    note = (
+        f"{len(means)} node(s), {sum(len(sample.gpus) for sample in means)} GPU(s); every sample of every node and "
+        f"GPU: {SYSTEM_METRICS_DIR}/nodes.csv and gpus.csv."
+    )
+    return ReportSection("System across nodes", columns, rows, data, note)

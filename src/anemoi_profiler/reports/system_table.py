@@ -4,7 +4,7 @@ MLflow gets the cluster's view (`reports.cluster_view`), whose points do not gro
 here: `nodes.csv` has a row per node and sample (CPU, memory, disk, network, CPU energy), `gpus.csv` a row per GPU
 and sample. Rank 0 appends the rows as the samples reach it, so its memory stays flat over any run length and a run
 cut short keeps what came before. A notebook reads them with `pandas.read_csv`; `read_system_table` reads them
-without pandas.
+without pandas, `read_node_means` streams them into each node's and GPU's means (the report's and `compare`'s view).
 """
 
 from __future__ import annotations
@@ -88,6 +88,63 @@ def _append_rows(path: Path, columns: tuple[str, ...], rows: list[list[object]])
         if new:
             writer.writerow(columns)
         writer.writerows(rows)
+
+
+class NodeMeans:
+    """Each node's and each GPU's mean of every figure over the samples added: memory by nodes and GPUs, not by
+    samples, so rank 0 keeps them over any run length."""
+
+    def __init__(self) -> None:
+        self._sums: dict[tuple[int, int, str], list[float]] = {}  # (node, GPU or -1, leaf): [sum, count]
+        self._hosts: dict[int, str] = {}
+
+    def add(self, sample: NodeSample) -> None:
+        self._hosts[sample.node] = sample.host
+        for leaf, value in sample.values.items():
+            self._add((sample.node, -1, leaf), value)
+        for ordinal, values in sample.gpus.items():
+            for leaf, value in values.items():
+                self._add((sample.node, ordinal, leaf), value)
+
+    def _add(self, key: tuple[int, int, str], value: float) -> None:
+        total = self._sums.setdefault(key, [0.0, 0.0])
+        total[0] += value
+        total[1] += 1
+
+    def means(self) -> list[NodeSample]:
+        """One `NodeSample` per node holding its means (step -1)."""
+        nodes = {node: NodeSample(node, -1, 0.0, host=host) for node, host in sorted(self._hosts.items())}
+        for (node, ordinal, leaf), (total, count) in self._sums.items():
+            target = nodes[node].values if ordinal < 0 else nodes[node].gpus.setdefault(ordinal, {})
+            target[leaf] = total / count
+        return list(nodes.values())
+
+
+def read_node_means(run_dir: Path) -> list[NodeSample]:
+    """Each node's and GPU's means from the run folder's tables, read row by row; [] without them."""
+    means = NodeMeans()
+    for sample in _stream_samples(Path(run_dir) / SYSTEM_METRICS_DIR):
+        means.add(sample)
+    return means.means()
+
+
+def _stream_samples(folder: Path) -> Iterable[NodeSample]:
+    for name, gpu in ((SYSTEM_NODES_FILE, False), (SYSTEM_GPUS_FILE, True)):
+        try:
+            with (folder / name).open(newline="", encoding="utf-8") as file:
+                for row in csv.DictReader(file):
+                    if None in row.values():
+                        continue  # a row cut short
+                    leaves = names.GPU_LEAVES if gpu else names.NODE_LEAVES
+                    values = {leaf: float(row[leaf]) for leaf in leaves if row.get(leaf)}
+                    sample = NodeSample(int(row["node"]), int(row["step"]), float(row["time"]), host=row["host"])
+                    if gpu:
+                        sample.gpus[int(row["gpu"])] = values
+                    else:
+                        sample.values = values
+                    yield sample
+        except OSError:
+            continue
 
 
 def read_system_table(run_dir: Path) -> tuple[dict[str, list[object]], dict[str, list[object]]]:

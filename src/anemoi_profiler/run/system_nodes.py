@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import names
 from ..logs import get_logger
 from ..reports.cluster_view import cluster_view
-from ..reports.system_table import NodeSample, SystemTableWriter
+from ..reports.system_table import NodeMeans, NodeSample, SystemTableWriter
 from .clock import ExchangeControl, RankTotals
 from .session import ProfilerSession
 
@@ -81,6 +81,8 @@ class NodeRecorder:
         self._session = session
         self._per_node_series = per_node_series
         self._table = SystemTableWriter(session.run_dir)
+        self.means = NodeMeans()
+        """Each node's and GPU's means over the run, for the report."""
         self._latest: dict[int, NodeSample] = {}
         self._said: set[object] = set()
 
@@ -89,6 +91,7 @@ class NodeRecorder:
         try:
             self._table.append(samples)
             for sample in samples:
+                self.means.add(sample)
                 if self._per_node_series:
                     self._session.log_metrics(sample.metrics(f"node_{sample.node}"), sample.step)
                 if sample.node not in self._latest or self._latest[sample.node].time <= sample.time:
