@@ -76,7 +76,8 @@ class SystemTableWriter:
 
 
 def _cell(value: float | None) -> str:
-    return "" if value is None or math.isnan(value) else repr(float(value))
+    """Thousandths of the unit (kB, mW, mJ, 0.001 %): finer than the sources measure, a third shorter than repr."""
+    return "" if value is None or math.isnan(value) else repr(round(float(value), 3))
 
 
 def _append_rows(path: Path, columns: tuple[str, ...], rows: list[list[object]]) -> None:
