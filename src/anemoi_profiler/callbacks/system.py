@@ -114,7 +114,8 @@ class SystemMetricsCallback(ProfilerCallback):
             name = key.removeprefix(names.SUMMARY)
             values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
         samples = max((int(count) for _, count in self.sums.values()), default=0)
-        notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]
+        whose = " of rank 0's node" if self._exchange is not None else ""
+        notes = [f"Means over {samples} samples{whose}, every {self.config.system.interval_s:g} s.", *energy_notes]
         sections = [ReportSection.key_values("System", values, " ".join(notes))]
         return sections + ([across_nodes] if across_nodes is not None else []), summary
 
