@@ -81,6 +81,11 @@ class SystemConfig:
         "amdsmi (the package of your ROCm).",
     )
     disk_path: str = _opt("/", "Filesystem whose usage is reported.")
+    per_node_series: bool = _opt(
+        False,
+        "On several nodes, also log each node's samples to MLflow as `system/node_<k>/...` (points that grow with the "
+        "nodes); the run folder's `system_metrics/` has them either way.",
+    )
 
 
 @dataclass

@@ -4,6 +4,7 @@
 <output_dir>/<YYYYmmdd-HHMMSS>_<8-hex config hash>/     a run folder (`create_run_folder`)
   config.yaml  environment.json  metrics.json  steps.json  windows.json  window_request.json
   report.txt  report.json  report.html  plots/<name>.svg
+  system_metrics/nodes.csv  system_metrics/gpus.csv     (every node's and GPU's system samples)
   model_summary.txt  time_report.{csv,json}  memory_report.{txt,csv,json}
   traces/<stage>/window_<k>/rank<r>.pt.trace.json.gz
   window_summaries/<stage>/window_<k>/window_summary.{csv,json}  .../kernel_names_rank<r>.json
@@ -58,6 +59,10 @@ WINDOWS_FILE = "windows.json"
 REQUEST_FILE = "window_request.json"
 """A profiling window asked for by `anemoi-profiler request`, answered with the step it was served at."""
 """Every profiling window of the run, scheduled, triggered or requested, with its reason and evidence."""
+SYSTEM_METRICS_DIR = "system_metrics"
+"""Every node's system samples: MLflow gets the cluster's view, this folder the detail (`reports/system_table.py`)."""
+SYSTEM_NODES_FILE = "nodes.csv"
+SYSTEM_GPUS_FILE = "gpus.csv"
 POSTMORTEM_DIR = "postmortem"
 """What happened to a run that stalled, ran out of memory or was stopped (docs/postmortem.md)."""
 SPOOL_DIR = "spool"
@@ -77,6 +82,8 @@ REPORT_INPUTS = (
     f"{MEMORY_REPORT}.json",
     MODEL_SUMMARY_FILE,
     HTA_SUMMARY,
+    f"{SYSTEM_METRICS_DIR}/{SYSTEM_NODES_FILE}",
+    f"{SYSTEM_METRICS_DIR}/{SYSTEM_GPUS_FILE}",
 )
 """What reports and comparisons read: all an MLflow run's download needs (its traces only for `analyze`)."""
 

@@ -59,13 +59,47 @@ def summary_of(metric: str) -> str:
 
 
 def system(name: str, node_id: str | None = None) -> str:
-    """`system/<name>`, or MLflow's node form `system/<node_id>/<name>` when several nodes log."""
+    """`system/<name>`, or MLflow's node form `system/<node_id>/<name>` (`system/node_<k>/...` with
+    `system.per_node_series`, `system/cluster/...` for the cluster view)."""
     return f"{SYSTEM}{node_id}/{name}" if node_id else f"{SYSTEM}{name}"
 
 
 def gpu(ordinal: int, name: str) -> str:
     """`system/gpu_<i>_<name>`, MLflow's name for GPU `i`'s figures."""
     return system(f"gpu_{ordinal}_{name}")
+
+
+NODE_LEAVES = (
+    "cpu_utilization_percentage",
+    "system_memory_usage_megabytes",
+    "system_memory_usage_percentage",
+    "disk_usage_percentage",
+    "disk_usage_megabytes",
+    "disk_available_megabytes",
+    "network_receive_megabytes",
+    "network_transmit_megabytes",
+    "cpu_energy_joules",
+)
+"""The system sampler's figures of a whole node, by MLflow's names (`system/<leaf>`)."""
+GPU_LEAVES = (
+    "utilization_percentage",
+    "memory_usage_megabytes",
+    "memory_usage_percentage",
+    "power_usage_watts",
+    "power_usage_percentage",
+    "temperature_celsius",
+    "energy_joules",
+)
+"""The system sampler's figures of one GPU, by MLflow's names without the GPU (`system/gpu_<i>_<leaf>`)."""
+CLUSTER_STATISTICS = ("min", "median", "max", "outlier_node")
+"""What the cluster view gives of each figure; a GPU figure also names the outlier's GPU (`outlier_gpu`)."""
+
+
+def cluster(leaf: str, statistic: str) -> str:
+    """`system/cluster/<leaf>_<statistic>`: a node figure (`cpu_utilization_percentage`) or a GPU figure
+    (`gpu_utilization_percentage`) across the job's nodes or GPUs; `statistic` is one of `CLUSTER_STATISTICS`
+    or `outlier_gpu`."""
+    return system(f"{leaf}_{statistic}", "cluster")
 
 
 def hta_rank(rank: int, name: str) -> str:

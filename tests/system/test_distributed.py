@@ -2,7 +2,7 @@
 
 Each test starts `examples/ddp_train.py` in subprocesses (never Lightning's DDP inside pytest: its launcher
 re-runs sys.argv) and checks what the job left behind: one run folder, one MLflow run, global figures that
-sum the ranks, per-node system metrics, and one trace per profiled rank in each window folder.
+sum the ranks, the cluster's system metrics, and one trace per profiled rank in each window folder.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.reports.system_table import read_system_table
 from anemoi_profiler.run.clock import RankTotals, StageClock
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
 from tests.helpers.jobs import (
@@ -117,28 +119,90 @@ def test_torchrun_with_the_users_mlflow_logger_and_only_rank_1_profiled(tmp_path
     assert trace_ranks(run_dir) == {"train/window_0": [1], "train/window_1": [1], "val/window_0": [1]}
 
 
-@pytest.mark.slow
-def test_two_nodes_log_their_own_system_metrics_into_one_run(tmp_path: Path) -> None:
-    output_dir = tmp_path / "runs"  # both "nodes" see it, as a shared file system
-    rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    launchers = [
+def system_points(tracking_uri: str) -> tuple[Any, dict[str, int]]:
+    """The job's one run and the number of points of each of its `system/...` series, read from the store."""
+    run = only_run(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    keys = [key for key in run.data.metrics if key.startswith(names.SYSTEM)]
+    return run, {key: len(client.get_metric_history(run.info.run_id, key)) for key in keys}
+
+
+def two_node_job(output_dir: Path, ranks_per_node: int, *overrides: str) -> list[list[str]]:
+    """Two torchrun launchers on this machine, as two nodes sharing `output_dir` (a shared file system)."""
+    rendezvous = ["--nnodes=2", f"--nproc_per_node={ranks_per_node}", "--master_addr=127.0.0.1"]
+    port = f"--master_port={free_port()}"
+    return [
         torchrun(
-            [*rendezvous, f"--node_rank={node}"],
-            "--devices=1",
+            [*rendezvous, port, f"--node_rank={node}"],
+            f"--devices={ranks_per_node}",
             "--num-nodes=2",
             f"--output-dir={output_dir}",
             *FAST,
+            *overrides,
         )
         for node in (0, 1)
     ]
-    for returncode, output in run_jobs(launchers, tmp_path):
+
+
+DEFAULT_SYSTEM_INTERVAL_S = ProfilerConfig().system.interval_s
+
+
+def points_per_hour(points: dict[str, int], samples: int) -> float:
+    """The MLflow points per hour of `system/...` series at the default sampling interval: the points logged per
+    sample of rank 0's node, times the samples of an hour."""
+    return sum(points.values()) / samples * 3600 / DEFAULT_SYSTEM_INTERVAL_S
+
+
+@pytest.mark.slow
+def test_two_nodes_log_as_many_system_series_as_one_node_and_keep_the_detail_in_the_run_folder(
+    tmp_path: Path,
+) -> None:
+    one_node, two_nodes = tmp_path / "one", tmp_path / "two"
+    slow = ["--slow-rank=0", "--slow-ms=100"]  # 2 s of training: exchanges of the nodes' samples during the run
+    one_node_job = torchrun(
+        ["--nproc_per_node=2", f"--master_port={free_port()}"], "--devices=2", f"--output-dir={one_node}", *FAST, *slow
+    )
+    jobs = run_jobs([one_node_job], tmp_path) + run_jobs(two_node_job(two_nodes, 2, *slow), tmp_path)
+    for returncode, output in jobs:
         assert returncode == 0, output[-6000:]
 
-    only_run_folder(output_dir)
+    _, alone = system_points(f"sqlite:///{one_node / 'mlflow.db'}")
+    run, together = system_points(f"sqlite:///{two_nodes / 'mlflow.db'}")
+    assert sorted(together) == sorted(alone)  # the same series: MLflow's load does not grow with the nodes
+    assert names.CPU_UTILIZATION in together  # rank 0's node under MLflow's own names, as on one machine
+    assert not any(key.startswith(names.system("", "node_1")) for key in together)
+    # No series gets more points than rank 0's node has samples: the budget is the series count per sample.
+    for points in (alone, together):
+        samples = points[names.CPU_UTILIZATION]
+        assert max(points.values()) <= samples, points
+        assert points_per_hour(points, samples) <= len(points) * 3600 / DEFAULT_SYSTEM_INTERVAL_S
+    median = names.cluster("cpu_utilization_percentage", "median")
+    assert together[median] >= 2  # during the run and at its end
+    assert 0.0 <= run.data.metrics[median] <= 100.0
+    assert run.data.metrics[names.cluster("cpu_utilization_percentage", "outlier_node")] in (-1.0, 0.0, 1.0)
+
+    run_dir = only_run_folder(two_nodes)
+    nodes, _ = read_system_table(run_dir)
+    sections = json.loads((run_dir / "report.json").read_text())["sections"]
+    assert sections["System across nodes"]["data"]["cpu_utilization_percentage"]["max"] <= 100.0
+    assert set(nodes["node"]) == {0, 1}  # every node's samples reached rank 0, through the exchange
+    assert nodes["node"].count(0) == together[names.CPU_UTILIZATION]  # all of rank 0's node's samples
+    assert nodes["node"].count(1) >= 2  # the first sample and the last, at least
+    client = MlflowClient(f"sqlite:///{two_nodes / 'mlflow.db'}")
+    uploaded = [artifact.path for artifact in client.list_artifacts(run.info.run_id, "profiler/system_metrics")]
+    assert "profiler/system_metrics/nodes.csv" in uploaded
+
+
+@pytest.mark.slow
+def test_per_node_series_on_request(tmp_path: Path) -> None:
+    output_dir = tmp_path / "runs"
+    for returncode, output in run_jobs(two_node_job(output_dir, 1, "system.per_node_series=true"), tmp_path):
+        assert returncode == 0, output[-6000:]
+
     metrics = only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics
     assert names.system("cpu_utilization_percentage", "node_0") in metrics
     assert names.system("cpu_utilization_percentage", "node_1") in metrics
-    assert names.CPU_UTILIZATION not in metrics
+    assert names.CPU_UTILIZATION in metrics
     assert_global_is_sum_of_two_ranks(metrics, names.SUMMARY)
 
 

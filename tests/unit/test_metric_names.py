@@ -37,7 +37,13 @@ PUBLIC = {
     "summary/energy/joules_per_sample": names.SUMMARY_JOULES_PER_SAMPLE,
     "system/cpu_utilization_percentage": names.CPU_UTILIZATION,
     "system/gpu_0_utilization_percentage": names.gpu(0, "utilization_percentage"),
-    "system/node-1/cpu_utilization_percentage": names.system("cpu_utilization_percentage", "node-1"),
+    "system/node_1/cpu_utilization_percentage": names.system("cpu_utilization_percentage", "node_1"),
+    "system/cluster/cpu_utilization_percentage_median": names.cluster("cpu_utilization_percentage", "median"),
+    "system/cluster/cpu_utilization_percentage_outlier_node": names.cluster(
+        "cpu_utilization_percentage", "outlier_node"
+    ),
+    "system/cluster/gpu_utilization_percentage_min": names.cluster("gpu_utilization_percentage", "min"),
+    "system/cluster/gpu_temperature_celsius_outlier_gpu": names.cluster("gpu_temperature_celsius", "outlier_gpu"),
     "hta/train/window_0/rank1/idle_pct": names.hta_window("train/window_0", names.hta_rank(1, "idle_pct")),
 }
 
@@ -47,7 +53,11 @@ def test_public_names_keep_their_spelling(public: str, spelled: str) -> None:
     assert spelled == public
 
 
-FIXED = {key: value for key, value in vars(names).items() if key.isupper() and not value.endswith("/")}
+FIXED = {
+    key: value
+    for key, value in vars(names).items()
+    if key.isupper() and isinstance(value, str) and not value.endswith("/")
+}
 
 
 def documented(metric: str) -> bool:

@@ -2,7 +2,8 @@
 
 One sampler per node (local rank 0), in a background thread; each sample is logged at the training
 `global_step` current when it was taken, so system and training curves share an axis. NVIDIA GPUs are read
-through NVML, AMD GPUs (torch on ROCm) through amdsmi.
+through NVML, AMD GPUs (torch on ROCm) through amdsmi. Rank 0 logs its node under MLflow's own names and the
+cluster's view of every node; the per-node, per-GPU detail goes to the run folder (`run.system_nodes`).
 
 Energy per sample: each sample's per-interval energy goes into a tally that keeps apart the intervals lying
 wholly in the training steady state (read from the session's stage clock by the sampler thread: one
@@ -13,6 +14,7 @@ counted once per data-parallel replica.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import defaultdict
 from typing import Any
@@ -24,7 +26,10 @@ from ..measure.energy import EnergyShare, EnergyTally
 from ..measure.resource import GpuResource
 from ..measure.system_metrics import SystemMetricsSampler
 from ..report import ReportSection
+from ..reports.cluster_view import nodes_section
+from ..reports.system_table import NodeSample
 from ..run import trainer_info
+from ..run.system_nodes import NodeRecorder, SystemExchange
 from .base import ProfilerCallback, guarded
 
 
@@ -35,15 +40,20 @@ class SystemMetricsCallback(ProfilerCallback):
         self.energy = EnergyTally()
         self._validations = 0
         self._last_publish: tuple[float, bool, int] | None = None  # time, train meter running, validations
+        options = self.config.system
+        self._node, self._host = trainer_info.node_rank(trainer), socket.gethostname()
+        session = self.session
+        self._recorder = NodeRecorder(session, options.per_node_series) if session.is_global_zero else None
+        self._exchange: SystemExchange | None = None
+        if trainer_info.num_nodes(trainer) > 1 and session.stage_clock is not None:
+            self._exchange = SystemExchange(session, options.interval_s, self._recorder)
+            session.stage_clock.train_exchanges.append(self._exchange)
         if trainer_info.local_rank(trainer) != 0:
             return
-        options = self.config.system
-        multi_node = trainer_info.num_nodes(trainer) > 1
         self.sampler = SystemMetricsSampler(
             publish=self._publish,
             step_fn=lambda: trainer_info.global_step(trainer),
             interval_s=options.interval_s,
-            node_id=f"node_{trainer_info.node_rank(trainer)}" if multi_node else None,
             gpu_ordinals=self._job_gpus(trainer) if options.gpus else [],
             disk_path=options.disk_path,
             gpu_vendor="amd" if torch.version.hip else "nvidia",
@@ -75,7 +85,14 @@ class SystemMetricsCallback(ProfilerCallback):
             names = {key.rsplit("/", 1)[-1]: value for key, value in metrics.items()}
             self.energy.add(names, now - then, steady)
         self._last_publish = (now, training, self._validations)
-        self.session.log_metrics(metrics, step)
+        if self.session.is_global_zero:
+            self.session.log_metrics(metrics, step)  # MLflow's own names: its System metrics tab
+        sample = NodeSample.of_metrics(self._node, step, time.time(), metrics)
+        sample.host = self._host
+        if self._exchange is not None:
+            self._exchange.add(sample)  # to rank 0 at the next exchange
+        elif self._recorder is not None:
+            self._recorder.record([sample], step)
 
     def stop_background_work(self) -> None:
         sampler = getattr(self, "sampler", None)
@@ -84,18 +101,23 @@ class SystemMetricsCallback(ProfilerCallback):
 
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         self.stop_background_work()
+        if self._exchange is not None and not self.session.failed:
+            self._exchange.finish(trainer_info.global_step(trainer))  # collectives: every rank, every time
         summary, energy_notes = self._job_energy()  # a collective: every rank, every time
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
         if not self.session.is_global_zero or not (means or summary):
             return [], {}
+        across_nodes = nodes_section(self._recorder.means.means()) if self._recorder is not None else None
         values = {key.removeprefix(names.SYSTEM): (value, "") for key, value in means.items() if "energy" not in key}
         units = {"kwh": "kWh", "per_sample": "J"}
         for key, value in summary.items():
             name = key.removeprefix(names.SUMMARY)
             values[name] = (value, next(unit for end, unit in units.items() if name.endswith(end)))
         samples = max((int(count) for _, count in self.sums.values()), default=0)
-        notes = [f"Means over {samples} samples, every {self.config.system.interval_s:g} s.", *energy_notes]
-        return [ReportSection.key_values("System", values, " ".join(notes))], summary
+        whose = " of rank 0's node" if self._exchange is not None else ""
+        notes = [f"Means over {samples} samples{whose}, every {self.config.system.interval_s:g} s.", *energy_notes]
+        sections = [ReportSection.key_values("System", values, " ".join(notes))]
+        return sections + ([across_nodes] if across_nodes is not None else []), summary
 
     # ---- energy of the whole job ----
     def _job_energy(self) -> tuple[dict[str, float], list[str]]:

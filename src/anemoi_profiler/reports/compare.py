@@ -13,6 +13,7 @@ from typing import Literal
 from .. import names
 from ..report import format_value, plain_table
 from .charts import Chart, Series, to_svg
+from .cluster_view import cluster_view
 from .html import esc, html_page, html_table, svg_image
 from .run_data import RunData
 
@@ -40,6 +41,11 @@ COMPARED: tuple[tuple[str, str, str, bool], ...] = (
 )
 """Metrics compared: key, label, unit, whether higher is better. Rates and times at the run's steady state, as its
 console, report and MLflow summary show them (`RunData.steady`), memory at its peak."""
+SYSTEM_COMPARED: tuple[tuple[str, str, str, bool], ...] = (
+    (names.cluster("gpu_utilization_percentage", "median"), "GPU utilisation, median GPU", "%", True),
+    (names.cluster("gpu_utilization_percentage", "min"), "GPU utilisation, lowest GPU", "%", True),
+)
+"""From the run folder's per-GPU tables: each GPU's mean over the run, across the job's GPUs (`cluster_view`)."""
 OVERLAID = {names.TRAIN_SAMPLES_PER_SEC: "Training samples/s", names.TRAIN_STEP_MS: "Training step ms"}
 """Metrics drawn for both runs over the steps on the HTML page."""
 _CONTEXT = ("model", "device", "world size", "precision", "strategy", "versions")
@@ -99,6 +105,10 @@ class Comparison:
 
 def compare_runs(a: RunData, b: RunData, threshold_pct: float = REGRESSION_THRESHOLD_PCT) -> Comparison:
     compared = [(label, _value(a, key), _value(b, key), unit, higher) for key, label, unit, higher in COMPARED]
+    system_a, system_b = cluster_view(a.system_node_means()), cluster_view(b.system_node_means())
+    compared += [
+        (label, system_a.get(key), system_b.get(key), unit, higher) for key, label, unit, higher in SYSTEM_COMPARED
+    ]
     metrics = [
         Difference(label, value_a, value_b, unit, higher, threshold_pct)
         for label, value_a, value_b, unit, higher in compared

@@ -30,6 +30,7 @@ from ..layout import (
     WINDOW_SUMMARY,
     WINDOWS_FILE,
 )
+from .system_table import NodeSample, read_node_means
 
 SUMMARY_AS_HTA = {
     "idle_pct": "idle_pct",
@@ -134,6 +135,12 @@ class RunData:
             "git commit": env.get("git_commit"),
         }
         return {key: value for key, value in described.items() if value not in (None, "")}
+
+    # ---- system_metrics/nodes.csv, gpus.csv ----
+    def system_node_means(self) -> list[NodeSample]:
+        """Each node's and GPU's system figures, averaged over the run (read from the tables when asked: they
+        grow with the nodes and the run's length)."""
+        return read_node_means(self.folder)
 
     # ---- windows.json ----
     def profiling_windows(self) -> list[dict[str, Any]]:

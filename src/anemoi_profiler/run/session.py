@@ -210,18 +210,9 @@ class ProfilerSession:
             return
         run_id = logger.run_id if logger is not None else None
         prefix = trainer_info.logger_prefix(logger) if logger is not None else ""
-        # Each other node's local rank 0 logs its system metrics into rank 0's run, so on several nodes rank 0
-        # waits for the run to exist (while the others wait for rank 0). On one node nobody needs its id yet.
-        other_nodes = self.world_size > 1 and trainer_info.num_nodes(trainer) > 1
+        # Only rank 0 talks to MLflow: the other nodes' system samples reach it through the exchange.
         if self.is_global_zero:
             self.sink = self._open_sink(run_id, prefix)
-            if other_nodes and run_id is None and self.sink is not None:
-                run_id = self.sink.wait_for_run(timeout_s=60.0)
-        if other_nodes:
-            # One MLflow run per job: rank 0 created (or found) it, the others write into it.
-            run_id = self._from_rank_zero(trainer, run_id)
-            if not self.is_global_zero and self.local_rank == 0 and run_id:
-                self.sink = self._open_sink(run_id, prefix)
         if self.is_global_zero and self.sink is not None and self.run_dir is not None:
             device = str(trainer_info.root_device(trainer))
             run_page.start(self.sink, self.config, self.run_dir, environment, device, trainer_info.num_devices(trainer))
