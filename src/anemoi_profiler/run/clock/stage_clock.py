@@ -123,10 +123,6 @@ class StageClock:
         if self.flops is not None:
             self.flops.close()
 
-    def _count(self, batch: Any) -> tuple[int, int]:
-        counter = self.counter
-        return counter.count(batch) if counter is not None else (0, 0)
-
     # ---- training ----
     def train_start(self) -> None:
         self.steps.stage_started("train", self._now())
@@ -155,12 +151,14 @@ class StageClock:
         self.steps.train_step_ended(self.last_train_batch_end)
         self.train_batches_seen += 1
         if self.train_batches_seen == 1 and self.flops is not None:
-            counted = self.flops.step_ended(self.gaps.loop_timer, self._count(batch)[0])
+            samples = self.counter.count(batch)[0] if self.counter is not None else 0
+            counted = self.flops.step_ended(self.gaps.loop_timer, samples)
             self.flops_per_sample = counted or self.flops_per_sample
         meter = self._train
         if meter.running:
             self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
-            samples, items = self._count(batch)
+            counter = self.counter
+            samples, items = counter.count(batch) if counter is not None else (0, 0)
             meter.count(samples, items)
             if meter.batches >= self.config.log_every_n_steps:
                 self.end_interval(trainer, "train")
@@ -203,7 +201,8 @@ class StageClock:
         if sanity_checking:
             return
         self.steps.val_step_ended(self._now())
-        samples, items = self._count(batch)
+        counter = self.counter
+        samples, items = counter.count(batch) if counter is not None else (0, 0)
         meter.count(samples, items)
         if meter.batches >= self.config.log_every_n_steps:
             self.end_interval(trainer, "val")
