@@ -58,6 +58,7 @@ class LogInterval:
     gap: GapTimes
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
+    """Readings taken at the interval's end, by metric name, logged as they are (memory peaks, see `memory_peaks`)."""
     own_work_s: float = 0.0
     """The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time."""
     epoch_starts: list[tuple[Marker, Marker]] = field(default_factory=list)
