@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.run.clock import LogInterval, OwnWorkClock, RankTotals, StageClock
+from anemoi_profiler.run.clock import BatchCounter, LogIntervalReport, OwnWorkClock, RankTotals, StageClock
 from anemoi_profiler.run.distributed import RankExchange
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
 
@@ -34,32 +34,18 @@ BATCH = torch.zeros(8, 2)
 
 
 class IntervalRecorder:
-    """A listener that counts 8 samples a batch and keeps every interval it is handed: (stage, step, batches, ms)."""
+    """A listener that keeps every interval it is handed: (stage, step, batches, ms)."""
 
     def __init__(self) -> None:
         self.intervals: list[tuple[str, int, int, float]] = []
         self.ranks: list[list[RankTotals] | None] = []
 
-    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
-        return int(batch.shape[0]), 0
-
-    def interval_extras(self, stage: str) -> dict[str, float]:
-        return {}
-
-    def rank_values(self, stage: str) -> dict[str, float]:
-        return {}
-
-    def first_train_batch(self, batch: Any, ended: bool) -> None:
-        pass
-
-    def report_log_intervals(
-        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: Any
-    ) -> None:
+    def on_log_interval(self, report: LogIntervalReport) -> None:
         self.intervals += [
-            (stage, interval.step, interval.batches, seconds / interval.batches * 1000)
-            for interval, seconds in intervals
+            (report.stage, interval.step, interval.batches, seconds / interval.batches * 1000)
+            for interval, seconds in report.intervals
         ]
-        self.ranks.append(ranks)
+        self.ranks.append(report.ranks)
 
 
 class ClockDriver:
@@ -79,7 +65,8 @@ class ClockDriver:
             now=self.time,
         )
         self.recorder = IntervalRecorder()
-        self.clock.join(self.recorder, counts=True, has_extras=False)
+        self.clock.join(self.recorder)
+        self.clock.counter = BatchCounter()  # 8 samples a batch
         self.trainer = SimpleNamespace(sanity_checking=False, global_step=0, state=SimpleNamespace(fn="fit"))
         self.batches = 0
 
@@ -87,17 +74,17 @@ class ClockDriver:
         """Batches of `seconds` each; the optimizer steps after every `batches_per_step`-th (gradient
         accumulation), inside the batch, before its end hook, as in Lightning."""
         for duration in seconds:
-            self.clock.on_train_batch_start(self.trainer, None, BATCH, 0)
+            self.clock.train_batch_start()
             self.time.advance(duration)
             self.batches += 1
             self.trainer.global_step = self.batches // batches_per_step
-            self.clock.on_train_batch_end(self.trainer, None, None, BATCH, 0)
+            self.clock.train_batch_end(self.trainer, BATCH)
 
     def validation(self, *seconds: float, before_first_batch: float = 0.0) -> None:
         self.clock.validation_start(self.trainer)
         self.time.advance(before_first_batch)
         for duration in seconds:
-            self.clock.on_validation_batch_start(self.trainer, None, BATCH, 0)
+            self.clock.validation_batch_start(self.trainer)
             self.time.advance(duration)
-            self.clock.on_validation_batch_end(self.trainer, None, None, BATCH, 0)
+            self.clock.validation_batch_end(self.trainer, BATCH)
         self.clock.validation_end(self.trainer)

@@ -244,9 +244,7 @@ def test_the_longest_epoch_start_of_the_ranks_is_every_ranks(tmp_path: Path) -> 
         meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
-        ([s for _, s in intervals], ranks)
-    )
+    callback.on_log_interval = lambda report: reported.append(([s for _, s in report.intervals], report.ranks))
     callback.clock.end_interval(trainer, "train")
 
     ((interval_seconds, ranks),) = reported

@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler import ProfilerConfig, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from anemoi_profiler.reports.system_table import read_system_table
-from anemoi_profiler.run.clock import RankTotals, StageClock
+from anemoi_profiler.run.clock import LogIntervalReport, RankTotals, StageClock
 from anemoi_profiler.run.gradient_sync import GradientSyncTimer
 from tests.helpers.jobs import (
     BATCH_SIZE,
@@ -416,9 +416,7 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
         meter.count(0, 0)
     trainer.global_step = 4
     reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_log_intervals = lambda trainer, stage, intervals, ranks: reported.append(
-        ([s for _, s in intervals], ranks)
-    )
+    callback.on_log_interval = lambda report: reported.append(([s for _, s in report.intervals], report.ranks))
     callback.clock.end_interval(trainer, "train")
 
     ((interval_seconds, ranks),) = reported
@@ -429,7 +427,7 @@ def test_the_slowest_ranks_own_work_is_taken_out_of_every_ranks_time(tmp_path: P
 
 
 class FailingRankZeroMetrics(StageCallback):
-    def on_log_intervals(self, trainer: Any, stage: str, intervals: Any, ranks: Any) -> None:
+    def on_log_interval(self, report: LogIntervalReport) -> None:
         raise ZeroDivisionError("a bug in the metrics only rank 0 makes")
 
 
@@ -445,5 +443,5 @@ def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) 
         clock_callback.on_train_batch_end(trainer, None, None, None, index)
 
     assert exchange.calls == 3
-    assert not callback.disabled and not callback.reporting
+    assert not callback.disabled and callback not in callback.clock.listeners
     assert callback.totals["train"].batches == 6

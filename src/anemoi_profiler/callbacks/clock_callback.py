@@ -1,11 +1,12 @@
-"""The one callback that drives the session's stage clock from Lightning's hooks.
+"""The one callback with batch hooks: it drives the session's stage clock from Lightning's hooks.
 
 The first interval callback of a session (`StageCallback`) puts it into the trainer's callback list right after
 itself when the session starts, and takes it out at the session's end; the interval callbacks themselves define
-no batch hook. Here, in one place, the clock learns where each batch, epoch and stage starts and ends; the loop
-timer standing in for the trainer's profiler times the data fetches (the data wait), the boundary callbacks
-(`markers`) bound the other callbacks' hook time, and `gradient_sync` times the wait for the gradient all-reduce
-(the collective wait). An error stops the clock (logged once): training and the other callbacks go on.
+no batch hook. Here, in one place, the clock learns where each batch, epoch and stage starts and ends; what it
+measures, and with what, is listed in `run.clock.stage_clock`. Installing it also installs the clock's
+instruments that must sit in the trainer: the loop timer standing in for the trainer's profiler (the data wait),
+the boundary callbacks (`markers`, bounding the other callbacks' hook time) and the gradient-sync timer's comm hook
+(the collective wait). An error in the clock stops it (logged once): training and the other callbacks go on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class StageClockCallback(Callback):
         self.clock = clock
         self.stopped = False
         self._installed: tuple[Any, LoopTimer | None, tuple[Any, ...]] | None = None
-        clock.hook_failed = self._failed
 
     def install(self, trainer: Any, after: Any) -> None:
         """Into `trainer.callbacks` right after `after`, with the loop timer and the boundary callbacks. A new
@@ -49,7 +49,8 @@ class StageClockCallback(Callback):
         self._installed = (trainer, timer, marks)
 
     def remove(self) -> None:
-        """Out of the trainer, with the loop timer and the boundary callbacks."""
+        """Out of the trainer, with the loop timer and the boundary callbacks; the clock measures no more."""
+        self.clock.close()
         installed, self._installed = self._installed, None
         if installed is None:
             return
@@ -87,26 +88,38 @@ class StageClockCallback(Callback):
         except Exception as error:
             log.warning("the post-mortem recorder could not %s: %s: %s", what, type(error).__name__, error)
 
-    # ---- per batch: the clock catches its own errors ----
+    # ---- per batch: the clock measures; an error stops it ----
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if not self.stopped:
-            self.clock.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+            try:
+                self.clock.train_batch_start()
+            except Exception as error:
+                self._failed("on_train_batch_start", error)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not self.stopped:
-            self.clock.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            try:
+                self.clock.train_batch_end(trainer, batch)
+            except Exception as error:
+                self._failed("on_train_batch_end", error)
 
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if not self.stopped:
-            self.clock.on_validation_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
+            try:
+                self.clock.validation_batch_start(trainer)
+            except Exception as error:
+                self._failed("on_validation_batch_start", error)
 
     def on_validation_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if not self.stopped:
-            self.clock.on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+            try:
+                self.clock.validation_batch_end(trainer, batch)
+            except Exception as error:
+                self._failed("on_validation_batch_end", error)
 
     # ---- stages ----
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:

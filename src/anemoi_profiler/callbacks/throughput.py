@@ -6,11 +6,8 @@ time on an H200): intervals are timed with CUDA events read an interval later (s
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import logging
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -21,13 +18,11 @@ from ..config import ConfigError, ConfigSource, ProfilerConfig
 from ..measure.flops import dense_peak_flops
 from ..report import ReportSection
 from ..reports import steady
-from ..run import lightning_private, trainer_info
-from ..run.clock import STAGES, LogInterval, RankTotals, batch_size_of, can_run_eagerly, eager, is_compiled
+from ..run import trainer_info
+from ..run.clock import STAGES, BatchCounter, FirstStepFlops, LogIntervalReport, RankTotals, is_compiled
 from ..run.rank_figures import rank_waited_for
 from ..run.session import ProfilerSession
 from .stage_callback import StageCallback
-
-log = logging.getLogger(__name__)
 
 
 def import_function(path: str) -> Callable[..., Any]:
@@ -63,7 +58,6 @@ class ThroughputCallback(StageCallback):
         self.batch_size_fn = batch_size_fn or (
             import_function(options.batch_size_fn) if options.batch_size_fn else None
         )
-        self._warned: set[str] = set()
         self.intervals = {stage: steady.IntervalLog() for stage in STAGES}
         """Rank 0's log intervals with the rates logged for each: the steady figures are made of them."""
 
@@ -77,110 +71,26 @@ class ThroughputCallback(StageCallback):
             name = torch.cuda.get_device_name(device)
             units = torch.cuda.get_device_properties(device).multi_processor_count
         self.peak_flops = options.device_peak_flops or dense_peak_flops(name, trainer_info.precision(trainer), units)
-        # This rank's share of a sample's FLOPs: a configured figure is the whole model's, split over a replica's
-        # ranks; a measured one is already what this rank computes.
         configured = options.flops_per_sample
-        self.flops_per_sample = configured / self.session.parallelism.ranks_per_replica if configured else None
-        self._flop_counter: Any = None
-        self._pl_module = pl_module  # configure_model shards it in place after this hook
+        self.clock.counter = BatchCounter(self.batch_size_fn, self.length_fn)
+        self.clock.flops_per_sample = configured / self.session.parallelism.ranks_per_replica if configured else 0.0
+        if options.measure_flops and self.peak_flops and not configured:
+            # configure_model shards the module in place after this hook: the clock reads it at the first step
+            self.clock.flops = FirstStepFlops(pl_module, self.session.parallelism.ranks_per_replica)
+        self._pl_module = pl_module
 
-    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
-        """Called every batch by the clock: the user's functions are called inline (each Python call between
-        torch's operators costs microseconds), and one that raises leaves its count out."""
-        samples = items = None
-        if self.batch_size_fn is not None:
-            try:
-                samples = int(self.batch_size_fn(batch))
-            except Exception as error:
-                self._counter_failed("batch_size_fn", error)
-        if samples is None:
-            samples = batch_size_of(batch)
-            if samples is None:
-                self._warn_once(
-                    "samples",
-                    f"cannot find the batch size in a batch of type {type(batch).__name__}; "
-                    "set throughput.batch_size_fn (samples/s not reported)",
-                )
-        if self.length_fn is not None:
-            try:
-                items = int(self.length_fn(batch))
-            except Exception as error:
-                self._counter_failed("length_fn", error)
-        return samples or 0, items or 0
-
-    def _counter_failed(self, name: str, error: Exception) -> None:
-        self._warn_once(name, f"{name} raised {type(error).__name__}: {error}; its count is left out")
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("anemoi-profiler: %s", message)
-
-    # ---- FLOPs of one real step, measured once during warmup ----
-    def first_train_batch(self, batch: Any, ended: bool) -> None:
-        """Count the FLOPs of the first training step: Lightning's `run_training_batch` block alone where the loop
-        timer sees it (no callback's hooks, such as the model summary's forward pass), else the whole batch."""
-        try:
-            if not ended and self._should_measure_flops():
-                self._flop_counter = _StepFlops()
-                timer = self.clock.gaps.loop_timer
-                if timer is not None:
-                    timer.around_next(lightning_private.TRAINING_STEP, self._flop_counter.counting)
-                else:
-                    self._flop_counter.start()
-            elif ended and self._flop_counter is not None:
-                counter, self._flop_counter = self._flop_counter, None
-                timer = self.clock.gaps.loop_timer
-                if timer is not None and timer.cancel_around():
-                    action = lightning_private.TRAINING_STEP
-                    lightning_private.missing(f"profiler action {action!r}", "FLOPs and MFU are not assessed")
-                total = counter.stop()
-                samples = self.count_batch("train", batch)[0]
-                if samples and total:
-                    self.flops_per_sample = total / samples / self._global_shape_share()
-        except Exception as error:  # MFU is left out; the rates are still measured
-            self._flop_counter = None
-            self._warn_once("flops", f"could not count FLOPs ({type(error).__name__}: {error}); MFU not reported")
-
-    def _global_shape_share(self) -> int:
-        """Torch's FLOP counter sees DTensor operations with their global shapes: under tensor parallelism each
-        rank would be credited the whole replica's FLOPs, so each gets its share. FSDP2 alone gathers whole
-        parameters before its operators and anemoi's model groups shard plain tensors: their counts are local."""
-        per_replica = self.session.parallelism.ranks_per_replica
-        if per_replica == 1 or self._pl_module is None:
-            return 1
-        from torch.distributed.tensor import DTensor
-
-        return per_replica if any(isinstance(p, DTensor) for p in self._pl_module.parameters()) else 1
-
-    def _should_measure_flops(self) -> bool:
-        options = self.config.throughput
-        if not (options.measure_flops and self.peak_flops and self.flops_per_sample is None):
-            return False
-        if is_compiled(self._pl_module) and not can_run_eagerly():
-            self._warn_once(
-                "flops",
-                "FLOPs not counted: on torch < 2.6 counting a compiled model's step would stop it compiling; "
-                "set throughput.flops_per_sample for MFU",
-            )
-            return False
-        return True
-
-    def stop_background_work(self) -> None:
-        super().stop_background_work()
-        if self._flop_counter is not None:  # the first step failed: leave neither the counter nor eager mode on
-            self._flop_counter.stop()
-            self._flop_counter = None
+    @property
+    def flops_per_sample(self) -> float | None:
+        """This rank's share of a sample's FLOPs: a configured figure is the whole model's, split over a replica's
+        ranks; a counted one (on the first training step, see `run.clock.step_flops`) is already what this rank
+        computes. None when unknown."""
+        return self.clock.flops_per_sample or None
 
     # ---- metrics ----
-    def rank_values(self, stage: str) -> dict[str, float]:
-        return {"flops_per_sample": self.flops_per_sample or 0.0}
-
-    def on_log_intervals(
-        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
-    ) -> None:
+    def on_log_interval(self, report: LogIntervalReport) -> None:
         if not self.session.is_global_zero:
             return
+        stage, intervals, ranks = report.stage, report.intervals, report.ranks
         for interval, seconds in intervals:
             self.session.log_metrics(
                 self._device_rates(stage, interval.batches, interval.samples, interval.items, seconds), interval.step
@@ -193,8 +103,8 @@ class ThroughputCallback(StageCallback):
         if ranks:
             global_rates = self._global_rates(stage, ranks)
             figures |= global_rates
-            self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), intervals[-1][0].step)
-        self.intervals[stage].append(intervals[-1][0].step, batches, seconds, figures)
+            self.session.log_metrics(global_rates | _slowest_rank(stage, ranks), report.step)
+        self.intervals[stage].append(report.step, batches, seconds, figures)
 
     def _device_rates(
         self, stage: str, batches: float, samples: float, items: float, seconds: float
@@ -361,49 +271,6 @@ class ThroughputCallback(StageCallback):
             return 0.0, 0.0
         measured_s = meter.last_stopped_at - meter.first_started_at
         return max(0.0, min(startup_until, meter.last_stopped_at) - meter.first_started_at), measured_s
-
-
-class _StepFlops:
-    """Torch's FLOP counter over one training step, which runs eagerly meanwhile: under the counter, a compiled
-    model would never compile (see `run.clock.eager`); it compiles on the next step instead, with the same graphs."""
-
-    def __init__(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._counter = FlopCounterMode(display=False)
-        self._active: contextlib.ExitStack | None = None
-        self._done = False
-        self._total = 0
-
-    def start(self) -> None:
-        if self._done or self._active is not None:
-            return
-        self._active = contextlib.ExitStack()
-        self._active.enter_context(eager())
-        self._active.enter_context(warnings.catch_warnings())
-        # A compiled submodule warns that the counter's module hooks fire twice: they do not change the count.
-        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-        self._active.enter_context(self._counter)
-
-    def stop(self) -> int:
-        """The FLOPs counted (0 when counting never started); a later `start` does nothing."""
-        self._done = True
-        self._finish()
-        return self._total
-
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[None]:
-        self.start()
-        try:
-            yield
-        finally:
-            self._finish()
-
-    def _finish(self) -> None:
-        if self._active is not None:
-            active, self._active = self._active, None
-            active.close()
-            self._total = int(self._counter.get_total_flops())
 
 
 def split_batches(intervals: list[steady.Interval]) -> float:

@@ -1,23 +1,19 @@
-"""Step time, dataloader wait and peak memory per log interval.
+"""Step time, dataloader and collective waits, and peak memory per log interval.
 
-Peak device memory comes from the caching allocator's host-side counters (`max_memory_allocated`, reset
-each interval), so reading it does not synchronize the device. On CPU the CUDA figures are absent.
+The stage clock measures them all (memory peaks once this callback asks for them, see `run.clock.memory_peaks`);
+this callback logs them per log interval and sums them up at the end.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import psutil
-import torch
-
 from .. import names
-from ..report import MB, ReportSection
+from ..report import ReportSection
 from ..reports import steady
 from ..run import trainer_info
-from ..run.clock import STAGES, LogInterval, RankTotals
+from ..run.clock import STAGES, LogIntervalReport, MemoryPeaks, RankTotals
 from ..run.rank_figures import (
-    MEMORY_PEAKS,
     collective_wait_figures,
     describe_ranks,
     gap_figures,
@@ -33,52 +29,26 @@ class StepTimingCallback(StageCallback):
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_session_start(trainer, pl_module)
-        device = trainer_info.root_device(trainer)
-        self.cuda_device = device if device.type == "cuda" else None
-        self.resident = psutil.Process()
-        self.peaks: dict[str, float] = {}
-        self._readings: dict[str, float] = {}
+        self.clock.memory = MemoryPeaks(trainer_info.root_device(trainer))
         self.intervals = {stage: steady.IntervalLog() for stage in STAGES}
         """Rank 0's log intervals with the times logged for each: the steady figures are made of them."""
-        if self.cuda_device is not None:
-            torch.cuda.reset_peak_memory_stats(self.cuda_device)
 
-    def interval_extras(self, stage: str) -> dict[str, float]:
-        if stage != "train":  # validation peaks stay in the counters and show in the next training interval
-            return {}
-        extras = {names.CPU_RSS_MB: self.resident.memory_info().rss / MB}
-        if self.cuda_device is not None:
-            extras[names.PEAK_ALLOCATED_MB] = torch.cuda.max_memory_allocated(self.cuda_device) / MB
-            extras[names.PEAK_RESERVED_MB] = torch.cuda.max_memory_reserved(self.cuda_device) / MB
-            torch.cuda.reset_peak_memory_stats(self.cuda_device)
-        for key, value in extras.items():
-            self.peaks[key] = max(self.peaks.get(key, 0.0), value)
-        self._readings = extras
-        return extras
-
-    def rank_values(self, stage: str) -> dict[str, float]:
-        """The peaks just read, for every rank's `_max` figures."""
-        if stage != "train":
-            return {}
-        return {field: self._readings[key] for field, key in MEMORY_PEAKS.items() if key in self._readings}
-
-    def on_log_intervals(
-        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
-    ) -> None:
+    def on_log_interval(self, report: LogIntervalReport) -> None:
         if not self.session.is_global_zero:
             return
-        for interval, seconds in intervals:
+        stage = report.stage
+        for interval, seconds in report.intervals:
             metrics = dict(interval.extras)
             if self.session.world_size > 1:  # with one rank these equal the figures below
                 metrics[names.timing(stage, "device/step_ms")] = seconds / interval.batches * 1000
             self.session.log_metrics(metrics, interval.step)
-        if ranks:
-            across = self._across_ranks(stage, ranks)
-            self.session.log_metrics(across, intervals[-1][0].step)
+        if report.ranks:
+            across = self._across_ranks(stage, report.ranks)
+            self.session.log_metrics(across, report.step)
             times = {key: value for key, value in across.items() if not key.startswith(names.MEMORY)}
-            batches = sum(interval.batches for interval, _ in intervals)
-            seconds = sum(seconds for _, seconds in intervals)
-            self.intervals[stage].append(intervals[-1][0].step, batches, seconds, times)
+            batches = sum(interval.batches for interval, _ in report.intervals)
+            seconds = sum(seconds for _, seconds in report.intervals)
+            self.intervals[stage].append(report.step, batches, seconds, times)
 
     def _across_ranks(self, stage: str, ranks: list[RankTotals]) -> dict[str, float]:
         metrics = step_figures(stage, ranks)
@@ -109,7 +79,8 @@ class StepTimingCallback(StageCallback):
                 wait_ms = times.get(names.TRAIN_DATALOADER_WAIT_MS)
                 share = (wait_ms / step_ms * 100, "%") if wait_ms is not None else ("not assessed", "")
                 values["train/dataloader_wait_share"] = share
-        for key, value in self.peaks.items():
+        peaks = self.clock.memory.peaks if self.clock.memory is not None else {}
+        for key, value in peaks.items():
             values[key.replace(names.MEMORY, "max ")] = (value, "MB")
             summary[names.summary_of(key)] = value
         if not values or not self.session.is_global_zero:

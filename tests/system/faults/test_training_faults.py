@@ -29,6 +29,7 @@ from anemoi_profiler.analysis.preflight import check_window
 from anemoi_profiler.callbacks import StepTimingCallback, ThroughputCallback
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.run.clock import BatchCounter, StageClock
 from anemoi_profiler.tracking.spool import pending_batches
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.system.faults.fault_helpers import (
@@ -68,10 +69,20 @@ def sigint_handler() -> Iterator[None]:
 class MiscountingThroughput(ThroughputCallback):
     """A bug in what the stage clock calls inside Lightning's batch hook, from the fourth batch on."""
 
-    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]:
+    def on_session_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_session_start(trainer, pl_module)
+        self.clock.counter = MiscountingCounter(self.clock)
+
+
+class MiscountingCounter(BatchCounter):
+    def __init__(self, clock: StageClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def count(self, batch: Any) -> tuple[int, int]:
         if self.clock.train_batches_seen > 3:
             raise ZeroDivisionError("a bug in counting")
-        return super().count_batch(stage, batch)
+        return super().count(batch)
 
 
 def test_an_error_in_the_clocks_batch_hooks_stops_the_clock_not_the_training(

@@ -8,9 +8,9 @@ reading them does not stall the queue. On CPU, boundaries are `perf_counter` rea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Union
+from typing import Union
 
 import torch
 
@@ -58,6 +58,7 @@ class LogInterval:
     gap: GapTimes
     segments: list[tuple[Marker, Marker]]
     extras: dict[str, float] = field(default_factory=dict)
+    """Readings taken at the interval's end, by metric name, logged as they are (memory peaks, see `memory_peaks`)."""
     own_work_s: float = 0.0
     """The profiler's own work (trace export, snapshot dump) inside the segments, to be taken out of the time."""
     epoch_starts: list[tuple[Marker, Marker]] = field(default_factory=list)
@@ -136,6 +137,24 @@ class RankTotals:
 
 
 PEAKS = ("flops_per_sample", "peak_allocated_mb", "peak_reserved_mb", "cpu_rss_mb")
+
+
+@dataclass
+class LogIntervalReport:
+    """What the stage clock hands each listener per log interval: the one message from the clock to the callbacks
+    that turn its measurements into metrics (`StageClock.end_interval`)."""
+
+    stage: str
+    intervals: list[tuple[LogInterval, float]]
+    """The log intervals ready to be read (on CUDA the one before the newest, see `StageMeter.take`), each with its
+    seconds, the profiler's own work and the epoch starts taken out."""
+    ranks: list[RankTotals] | None
+    """`ranks[r]` is rank r's totals over the same intervals; None when the ranks could not exchange."""
+
+    @property
+    def step(self) -> int:
+        """The global step at the end of the newest interval."""
+        return self.intervals[-1][0].step
 
 
 @dataclass
@@ -281,22 +300,3 @@ class StageMeter:
             self._pending[len(self._pending) - keep :],
         )
         return ready
-
-
-def batch_size_of(batch: Any) -> int | None:
-    """Samples in a batch: dim 0 of the first tensor found in tensors, mappings, sequences or dataclasses."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    elif hasattr(batch, "__dataclass_fields__"):
-        values = (getattr(batch, name) for name in batch.__dataclass_fields__)
-    else:
-        return None
-    for value in values:
-        size = batch_size_of(value)
-        if size is not None:
-            return size
-    return None

@@ -1,16 +1,27 @@
-"""One clock per session for the training and validation stages, shared by every interval-metrics callback.
+"""One clock per session for the training and validation stages: what is measured per batch is measured here.
 
-Throughput and step timing read the same intervals. Measuring them once per batch, and exchanging them
-across ranks once per log interval, keeps the per-batch cost of the profiler the same however many of
-them listen: one callback drives the clock from Lightning's hooks (`callbacks.clock_callback`), the
-listeners only receive log intervals.
+The data flow: Lightning calls the clock callback's hooks (`callbacks.clock_callback`, the one callback that
+defines the batch hooks); it calls the clock, which measures; at each log interval's end the clock exchanges this
+rank's totals with the other ranks and hands every listener one `LogIntervalReport`; the listeners (the
+throughput and step-timing callbacks) turn it into metrics. However many listen, the per-batch cost is the
+clock's: a few `perf_counter` calls and additions, and a batch-size lookup where samples are counted; no device
+sync, no I/O. Logging and the cross-rank exchange happen only at log intervals.
 
-What a listener gets: per log interval, `LogInterval`s with batches, samples, items, elapsed time and where the time
-between the steps went (data fetch, other callbacks, Lightning's loop: see `batch_gaps`), steady-state only
-(after `throughput.warmup_steps` training batches, never the sanity check), with validation time and the
-profiler's own work (trace export, snapshot dump) taken out of training intervals; and every rank's
-`RankTotals` over the same intervals. The hot path per batch is a few `perf_counter` calls and additions and a
-batch-size lookup; logging and the cross-rank exchange happen only at log intervals.
+Who measures what, all owned by the clock:
+
+- the step: a `StageMeter` per stage (`intervals`), intervals timed with CUDA events on a GPU, steady state only
+  (after `throughput.warmup_steps` training batches, never the sanity check), validation time out of training's;
+- the data wait, other callbacks' hooks and Lightning's loop between the steps: `BatchGaps`, with the fetches
+  timed by the `LoopTimer` that stands in for the trainer's profiler (`batch_gaps`, `loop_timer`);
+- the collective wait: the `GradientSyncTimer` (`run.gradient_sync`), read at each training interval's end;
+- the epoch starts: `StageMeter.pause` and `resume`, from an epoch's start to its first batch;
+- the profiler's own work (trace export, snapshot dump), taken out of every figure: `OwnWorkClock` (`own_work`);
+- each step's duration for `steps.json`: `StepRecord` (`step_record`);
+- and what a listener asks for when the session starts: samples and items per batch (`BatchCounter`), the FLOPs
+  of the first step (`FirstStepFlops`), memory peaks per interval (`MemoryPeaks`).
+
+Measurements (`RankTotals`) and control messages (`ExchangeControl`, which the training exchange also carries for
+triggers and window summaries) are separate types, sent in one gather.
 """
 
 from __future__ import annotations
@@ -22,30 +33,27 @@ from typing import Any, Protocol
 import torch
 
 from ...config import ProfilerConfig
+from ...logs import get_logger
 from ...reports.step_series import EPOCH_START
 from .. import trainer_info
 from ..distributed import RankExchange
 from ..gradient_sync import GradientSyncTimer
 from ..lightning_private import TRAIN_FETCH, missing
 from ..trainer_info import TrainerLike
+from .batch_count import BatchCounter
 from .batch_gaps import BatchGaps
-from .intervals import STAGES, ExchangeControl, LogInterval, RankTotals, StageMeter
+from .intervals import STAGES, ExchangeControl, LogInterval, LogIntervalReport, RankTotals, StageMeter
+from .memory_peaks import PEAK_FIELDS, MemoryPeaks
 from .own_work import OwnWorkClock
+from .step_flops import FirstStepFlops
 from .step_record import StepRecord
 
+log = get_logger(__name__)
 
-class Listener(Protocol):
-    def count_batch(self, stage: str, batch: Any) -> tuple[int, int]: ...
 
-    def interval_extras(self, stage: str) -> dict[str, float]: ...
-
-    def rank_values(self, stage: str) -> dict[str, float]: ...
-
-    def first_train_batch(self, batch: Any, ended: bool) -> None: ...
-
-    def report_log_intervals(
-        self, trainer: Any, stage: str, intervals: list[tuple[LogInterval, float]], ranks: list[RankTotals] | None
-    ) -> None: ...
+class IntervalListener(Protocol):
+    def on_log_interval(self, report: LogIntervalReport) -> None:
+        """Turn one log interval's measurements into metrics (rank 0 logs them)."""
 
 
 class TrainExchangeHook(Protocol):
@@ -55,7 +63,10 @@ class TrainExchangeHook(Protocol):
 
 
 class StageClock:
-    """Made by the session when it starts; `exchanges_allowed()` turns False once a rank failed."""
+    """Made by the session when it starts; `exchanges_allowed()` turns False once a rank failed.
+
+    The clock callback calls the hooks below and catches their errors: an error stops the clock, not the training.
+    """
 
     def __init__(
         self,
@@ -77,10 +88,7 @@ class StageClock:
         self.totals = {stage: RankTotals() for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
         self.exchanged: dict[str, list[RankTotals]] = {stage: [] for stage in STAGES}
-        self.listeners: list[Listener] = []
-        self._counters: list[Callable[[str, Any], tuple[int, int]]] = []
-        self._extras: list[Callable[[str], dict[str, float]]] = []
-        self._count: Callable[[str, Any], tuple[int, int]] = self._count_all
+        self.listeners: list[IntervalListener] = []
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self.last_train_batch_end = 0.0
@@ -88,20 +96,32 @@ class StageClock:
         self.gaps = BatchGaps(own_work, now)
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
         """Each step's duration, for `compare --fail-if-slower` (see `step_record`)."""
-        self.hook_failed: Callable[[str, Exception], None] = _raise
-        """Set by the clock callback: what an error in a batch hook does (by default, it is raised)."""
         self.train_exchanges: list[TrainExchangeHook] = []
         """Add to each training exchange and read what it gathered: triggers, the window summaries' exchange."""
+        # What listeners ask the clock to measure when the session starts (the throughput and step timing
+        # callbacks); without them a batch counts as a batch, with no samples, items, FLOPs or memory.
+        self.counter: BatchCounter | None = None
+        """Counts samples and items in each batch."""
+        self.flops: FirstStepFlops | None = None
+        """Counts the first training step's FLOPs."""
+        self.flops_per_sample = 0.0
+        """This rank's FLOPs per sample (configured, or counted on the first step); 0 when unknown."""
+        self.memory: MemoryPeaks | None = None
+        """Reads memory peaks at each training interval's end."""
 
-    def join(self, listener: Listener, counts: bool, has_extras: bool) -> bool:
+    def join(self, listener: IntervalListener) -> bool:
         """Add a listener; True when it is the first, which then puts the clock callback into the trainer."""
         self.listeners.append(listener)
-        if counts:
-            self._counters.append(listener.count_batch)
-        if has_extras:
-            self._extras.append(listener.interval_extras)
-        self._count = self._counters[0] if len(self._counters) == 1 else self._count_all
         return len(self.listeners) == 1
+
+    def leave(self, listener: IntervalListener) -> None:
+        """Stop handing `listener` reports (it failed); the clock goes on for the others."""
+        self.listeners = [other for other in self.listeners if other is not listener]
+
+    def close(self) -> None:
+        """At the session's end: leave no FLOP counter (and its eager mode) on after a failed first step."""
+        if self.flops is not None:
+            self.flops.close()
 
     # ---- training ----
     def train_start(self) -> None:
@@ -117,45 +137,36 @@ class StageClock:
             self._train.pause()
             self._epoch_starting = True
 
-    # The four batch hooks, called by the clock callback's hooks of the same names (`callbacks.clock_callback`).
-    # An error goes to `hook_failed`, which stops the clock; training goes on.
-    def on_train_batch_start(self, trainer: TrainerLike, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        try:
-            if self.train_batches_seen == 0:
-                for listener in self.listeners:
-                    listener.first_train_batch(batch, ended=False)
-            if self._epoch_starting:
-                self._epoch_starting = False
-                self._train.resume()
-                self.gaps.reset()  # the epoch start's fetches are no batch's
-            self.gaps.batch_started()
-        except Exception as error:
-            self.hook_failed("on_train_batch_start", error)
+    def train_batch_start(self) -> None:
+        if self.train_batches_seen == 0 and self.flops is not None:
+            self.flops.step_started(self.gaps.loop_timer)
+        if self._epoch_starting:
+            self._epoch_starting = False
+            self._train.resume()
+            self.gaps.reset()  # the epoch start's fetches are no batch's
+        self.gaps.batch_started()
 
-    def on_train_batch_end(
-        self, trainer: TrainerLike, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        try:
-            self.last_train_batch_end = self._now()
-            self.steps.train_step_ended(self.last_train_batch_end)
-            self.train_batches_seen += 1
-            if self.train_batches_seen == 1:
-                for listener in self.listeners:
-                    listener.first_train_batch(batch, ended=True)
-            meter = self._train
-            if meter.running:
-                self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
-                samples, items = self._count("train", batch)
-                meter.count(samples, items)
-                if meter.batches >= self.config.log_every_n_steps:
-                    self.end_interval(trainer, "train")
-            else:
-                self.gaps.batch_ended("train", None, sample_next_gap=False)
-                if self.train_batches_seen == self.config.throughput.warmup_steps:
-                    meter.start()
-                    self.gradient_sync.take()  # the warmup's all-reduces are not steady state
-        except Exception as error:
-            self.hook_failed("on_train_batch_end", error)
+    def train_batch_end(self, trainer: TrainerLike, batch: Any) -> None:
+        self.last_train_batch_end = self._now()
+        self.steps.train_step_ended(self.last_train_batch_end)
+        self.train_batches_seen += 1
+        if self.train_batches_seen == 1 and self.flops is not None:
+            samples = self.counter.count(batch)[0] if self.counter is not None else 0
+            counted = self.flops.step_ended(self.gaps.loop_timer, samples)
+            self.flops_per_sample = counted or self.flops_per_sample
+        meter = self._train
+        if meter.running:
+            self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
+            counter = self.counter
+            samples, items = counter.count(batch) if counter is not None else (0, 0)
+            meter.count(samples, items)
+            if meter.batches >= self.config.log_every_n_steps:
+                self.end_interval(trainer, "train")
+        else:
+            self.gaps.batch_ended("train", None, sample_next_gap=False)
+            if self.train_batches_seen == self.config.throughput.warmup_steps:
+                meter.start()
+                self.gradient_sync.take()  # the warmup's all-reduces are not steady state
 
     def train_end(self, trainer: TrainerLike) -> None:
         # What ran after the last batch (epoch-end hooks, the last checkpoint) is no batch's: the steady figures
@@ -175,35 +186,26 @@ class StageClock:
             self.steps.stage_started("val", self._now())
         self.gaps.reset()
 
-    def on_validation_batch_start(
-        self, trainer: TrainerLike, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        try:
-            self.gaps.batch_started()
-            if not trainer.sanity_checking:
-                meter = self.meters["val"]
-                if not meter.running:  # the first batch's fetch ran before validation's clock started: no step's
-                    self.gaps.drop_fetches("val")
-                meter.start()
-        except Exception as error:
-            self.hook_failed("on_validation_batch_start", error)
-
-    def on_validation_batch_end(
-        self, trainer: TrainerLike, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        try:
+    def validation_batch_start(self, trainer: TrainerLike) -> None:
+        self.gaps.batch_started()
+        if not trainer.sanity_checking:
             meter = self.meters["val"]
-            sanity_checking = trainer.sanity_checking
-            self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
-            if sanity_checking:
-                return
-            self.steps.val_step_ended(self._now())
-            samples, items = self._count("val", batch)
-            meter.count(samples, items)
-            if meter.batches >= self.config.log_every_n_steps:
-                self.end_interval(trainer, "val")
-        except Exception as error:
-            self.hook_failed("on_validation_batch_end", error)
+            if not meter.running:  # the first batch's fetch ran before validation's clock started: no step's
+                self.gaps.drop_fetches("val")
+            meter.start()
+
+    def validation_batch_end(self, trainer: TrainerLike, batch: Any) -> None:
+        meter = self.meters["val"]
+        sanity_checking = trainer.sanity_checking
+        self.gaps.batch_ended("val", None if sanity_checking else meter.gap, sample_next_gap=False)
+        if sanity_checking:
+            return
+        self.steps.val_step_ended(self._now())
+        counter = self.counter
+        samples, items = counter.count(batch) if counter is not None else (0, 0)
+        meter.count(samples, items)
+        if meter.batches >= self.config.log_every_n_steps:
+            self.end_interval(trainer, "val")
 
     def validation_end(self, trainer: TrainerLike) -> None:
         if trainer.sanity_checking:
@@ -215,32 +217,22 @@ class StageClock:
             self.meters["train"].start()
         self.gaps.reset()
 
-    # ---- intervals ----
-    def _count_all(self, stage: str, batch: Any) -> tuple[int, int]:
-        """(samples, items) of a batch, the largest any listener counted (0, 0 without a counting one)."""
-        samples = items = 0
-        for count in self._counters:
-            counted = count(stage, batch)
-            samples, items = max(samples, counted[0]), max(items, counted[1])
-        return samples, items
-
+    # ---- log intervals ----
     def end_interval(self, trainer: TrainerLike, stage: str, final: bool = False) -> None:
-        """Close the interval, exchange it across ranks and hand it to every listener."""
+        """Close the interval, exchange it across ranks and hand every listener its report."""
         meter = self.meters[stage]
-        extras: dict[str, float] = {}
-        for interval_extras in self._extras:
-            extras.update(interval_extras(stage))
-        meter.end_interval(trainer_info.global_step(trainer), extras)
+        readings = self.memory.read() if self.memory is not None and stage == "train" else {}
+        meter.end_interval(trainer_info.global_step(trainer), readings)
         taken = [(interval, interval.measured_s()) for interval in meter.take(keep_newest=not final)]
-        local = RankTotals()
+        local = RankTotals(flops_per_sample=self.flops_per_sample)
         for interval, seconds in taken:
             local.add(RankTotals.of_interval(interval, seconds))
         if stage == "train":
             local.collective_wait_s, sync_steps = self.gradient_sync.take()
             local.sync_steps = float(sync_steps)
-        for listener in self.listeners:
-            for name, value in listener.rank_values(stage).items():
-                setattr(local, name, value)
+        for field, key in PEAK_FIELDS.items():
+            if key in readings:
+                setattr(local, field, readings[key])
         control = ExchangeControl()
         for hook in self.train_exchanges if stage == "train" else ():
             hook.outgoing(control)
@@ -265,8 +257,22 @@ class StageClock:
             for hook in self.train_exchanges:
                 hook.received(trainer_info.global_step(trainer), ranks, controls or [])
         if intervals:
-            for listener in self.listeners:
-                listener.report_log_intervals(trainer, stage, intervals, ranks)
+            self._report(LogIntervalReport(stage, intervals, ranks))
+
+    def _report(self, report: LogIntervalReport) -> None:
+        """Hand `report` to every listener. Their work is rank 0's alone: a listener that fails is dropped, so that
+        its error cannot stop this rank's exchanges (the others would wait for it for `distributed.timeout_s`)."""
+        for listener in list(self.listeners):
+            try:
+                listener.on_log_interval(report)
+            except Exception as error:
+                self.leave(listener)
+                log.warning(
+                    "%s stopped logging interval metrics after an error: %s: %s (training continues)",
+                    type(listener).__name__,
+                    type(error).__name__,
+                    error,
+                )
 
     def gathered_totals(self, stage: str) -> list[RankTotals]:
         """Every rank's totals for the stage at the end.
@@ -294,10 +300,6 @@ class StageClock:
             [RankTotals.from_list(values[:size]) for values in gathered],
             [ExchangeControl.from_list(values[size:]) for values in gathered],
         )
-
-
-def _raise(hook: str, error: Exception) -> None:
-    raise error
 
 
 def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float) -> list[tuple[LogInterval, float]]:
