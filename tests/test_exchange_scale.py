@@ -26,7 +26,7 @@ def scale_row(tmp_path: Path, world: int, *args: str) -> dict[str, Any]:
     out = tmp_path / "scale.json"
     command = [sys.executable, str(SCALE), "--worlds", str(world), "--intervals", "3", "--out", str(out), *args]
     subprocess.run(command, env=job_environment(), timeout=240, check=True)
-    row: dict[str, Any] = json.loads(out.read_text())["rows"][0]
+    row: dict[str, Any] = json.loads(out.read_text())["exchanges"]["tree"]["rows"][0]
     return row
 
 
