@@ -49,7 +49,7 @@ def exchange_levels(world_size: int, ranks_per_node: int | None) -> list[list[li
 
     Level 0 holds each node's ranks (at most `FAN_OUT` a group; `FAN_OUT` when the node size is not known), each
     level above the first ranks of the level below in groups of at most `FAN_OUT`; the top level is one group.
-    Groups of one rank stay in (their rank leads itself) but need no process group.
+    A group of one rank leads itself and needs no process group; a level of such groups only is left out.
     """
     size = min(ranks_per_node or FAN_OUT, FAN_OUT)
     members = list(range(world_size))
