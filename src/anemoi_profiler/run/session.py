@@ -128,7 +128,8 @@ class ProfilerSession:
         self.global_rank = trainer_info.global_rank(trainer)
         self.local_rank = trainer_info.local_rank(trainer)
         self.world_size = trainer_info.world_size(trainer)
-        self.exchange = RankExchange(self.config.distributed.timeout_s)
+        ranks_per_node = self.world_size // trainer_info.num_nodes(trainer)
+        self.exchange = RankExchange(self.config.distributed.timeout_s, ranks_per_node=ranks_per_node or None)
         self.hosts = self.exchange.gather_texts(socket.gethostname())
         distributed = self.config.distributed
         strategy = getattr(trainer, "strategy", None)
