@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from scale_system import run_system
 
+from anemoi_profiler.config import ProfilerConfig
 from anemoi_profiler.run.clock import RankTotals
 from anemoi_profiler.run.clock.intervals import ExchangeControl
 from anemoi_profiler.run.distributed import RankExchange, exchange_levels
@@ -55,13 +57,13 @@ def sockets() -> int:
     return count
 
 
-def made_up_totals(rank: int, interval: int) -> RankTotals:
+def made_up_totals(rank: int, interval: int, elapsed_s: float = 1.0) -> RankTotals:
     """One log interval's totals of a rank; rank `interval` waits longest for data."""
     return RankTotals(
         batches=10.0,
         samples=40.0,
         wait_s=0.01 + 0.1 * (rank == interval),
-        elapsed_s=1.0,
+        elapsed_s=elapsed_s,
         callbacks_s=0.002,
         loop_s=0.003,
         fetches=10.0,
@@ -141,6 +143,9 @@ def rank_main(rank: int, world: int, port: int, kind: str, args: argparse.Namesp
         complete &= ranks == [made_up_totals(r, interval) for r in range(world)]
         if rank == 0:
             figures = {**step_figures("train", ranks), **gap_figures("train", ranks), **collective_wait_figures(ranks)}
+    system = {}
+    if kind == "tree" and args.system_intervals and complete:
+        system = run_system(rank, world, exchange, hosts, args, made_up_totals)
     request = exchange.broadcast_text("window" if rank == 0 else "")
     exchange.close()
     results.put(
@@ -155,6 +160,7 @@ def rank_main(rank: int, world: int, port: int, kind: str, args: argparse.Namesp
             and request == "window"
             and hosts == [f"node{r // ranks_per_node}" for r in range(world)],
             "figures": figures,
+            "system": system,
         }
     )
     dist.destroy_process_group()
@@ -223,6 +229,9 @@ def fit(worlds: list[int], values: list[float]) -> dict[str, float]:
 
 TIMES = ("create_s_max", "create_cpu_s_max", "interval_s_median", "interval_cpu_s_median", "interval_cpu_s_max")
 """The figures that vary from run to run: their median over repeats is kept, and each is fitted."""
+SYSTEM_TIMES = ("shared_s_median", "record_s_median")
+SYSTEM_FITTED = ("mlflow_points_per_hour", "table_bytes_per_hour", *SYSTEM_TIMES)
+"""The system metrics' figures fitted, over the world sizes of more than one node (one node has no exchange)."""
 
 
 def measure(world: int, exchange: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -248,7 +257,27 @@ def measure(world: int, exchange: str, args: argparse.Namespace) -> dict[str, An
         "interval_cpu_s_median": statistics.median(rank_median(report) for report in reports),
         "interval_cpu_s_max": max(rank_median(report) for report in reports),
         "rank_0_figures": reports[0]["figures"] if reports and reports[0]["rank"] == 0 else {},
+        **system_figures(reports, args),
         "wall_s": time.perf_counter() - started,
+    }
+
+
+def system_figures(reports: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Rank 0's MLflow run and run folder, scaled to an hour of training; the slowest rank's time in the samples'
+    exchange and rank 0's in recording them, medians over the intervals (the first left out); {} without them."""
+    zero = reports[0]["system"] if reports and reports[0]["rank"] == 0 else {}
+    if not zero:
+        return {}
+    per_hour = 3600 / args.system_interval_s / args.system_intervals
+    recorded = zero["record_s"][1:] or zero["record_s"]
+    return {
+        **{key: value for key, value in zero.items() if key not in ("shared_s", "record_s")},
+        "gpus_per_node": args.gpus_per_node,
+        "system_intervals": args.system_intervals,
+        "mlflow_points_per_hour": zero["mlflow_points"] * per_hour,
+        "table_bytes_per_hour": zero["table_bytes"] * per_hour,
+        "shared_s_median": interval_median([report["system"] for report in reports], "shared_s"),
+        "record_s_median": statistics.median(recorded) if recorded else math.nan,
     }
 
 
@@ -258,11 +287,18 @@ def summary(runs: list[dict[str, Any]], args: argparse.Namespace, exchange: str)
     rows = []
     for world in args.worlds:
         repeats = [run for run in runs if run["world"] == world]
-        rows.append({**repeats[-1], **{key: statistics.median(run[key] for run in repeats) for key in TIMES}})
+        times = [key for key in (*TIMES, *SYSTEM_TIMES) if key in repeats[-1]]
+        rows.append({**repeats[-1], **{key: statistics.median(run[key] for run in repeats) for key in times}})
     worlds = [row["world"] for row in rows]
+    several_nodes = [row for row in rows if row["nodes"] > 1 and "mlflow_points" in row]
     return {
         "rows": rows,
         "fits": {key: fit(worlds, [row[key] for row in rows]) for key in TIMES if len(set(worlds)) > 1},
+        "system_fits": {
+            key: fit([row["world"] for row in several_nodes], [row[key] for row in several_nodes])
+            for key in SYSTEM_FITTED
+            if len(several_nodes) > 1
+        },
         "sockets_at": {
             str(world): {"max": max(opened), "mean": statistics.fmean(opened)}
             for world in (1_000, 10_000)
@@ -307,6 +343,36 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def system_markdown(result: dict[str, Any]) -> str:
+    """docs/distributed.md's table of the system metrics: the measured rows, then 1,000 and 10,000 ranks read off
+    the fits (the series do not depend on the world size: the largest measured is repeated)."""
+    tree = result["exchanges"]["tree"]
+    rows = [row for row in tree["rows"] if "mlflow_points" in row]
+    if not rows:
+        return ""
+    lines = [
+        "| ranks | nodes | MLflow series | MLflow points per hour | system tables, MB per hour "
+        "| samples' exchange per interval, ms | rank 0's recording per interval, ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def cells(figures: dict[str, Any]) -> str:
+        shared_ms = figures["shared_s_median"] * 1e3
+        return (
+            f"{figures['mlflow_series']} | {figures['mlflow_points_per_hour']:,.0f} "
+            f"| {figures['table_bytes_per_hour'] / 1e6:.1f} | {'-' if math.isnan(shared_ms) else f'{shared_ms:.0f}'} "
+            f"| {figures['record_s_median'] * 1e3:.1f}"
+        )
+
+    for row in rows:
+        lines.append(f"| {row['world']} | {row['nodes']} | {cells(row)} |")
+    for world in (1_000, 10_000) if tree["system_fits"] else ():
+        read_off = {key: tree["system_fits"][key][f"at_{world}"] for key in SYSTEM_FITTED}
+        read_off["mlflow_series"] = rows[-1]["mlflow_series"]
+        lines.append(f"| {world:,} (fit) | {math.ceil(world / result['ranks_per_node']):,} | {cells(read_off)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
@@ -320,6 +386,13 @@ def main() -> None:
     parser.add_argument("--late-rank", type=int, help="a rank that comes late to interval 1's exchange")
     parser.add_argument("--late-s", type=float, default=0.0, help="how late it comes")
     parser.add_argument("--dead-rank", type=int, help="a rank that ends before interval 1's exchange")
+    parser.add_argument(
+        "--system-intervals", type=int, default=6, help="simulated system.interval_s of samples (tree only); 0: none"
+    )
+    parser.add_argument(
+        "--system-interval-s", type=float, default=ProfilerConfig().system.interval_s, help="system.interval_s"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="simulated GPUs in each node's samples")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {exchange: [] for exchange in args.exchanges}
@@ -336,6 +409,7 @@ def main() -> None:
         "exchanges": {exchange: summary(runs[exchange], args, exchange) for exchange in args.exchanges},
     }
     print(markdown(result))
+    print(system_markdown(result))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

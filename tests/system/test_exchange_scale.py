@@ -1,7 +1,8 @@
 """The profiler's exchange between ranks as a tree of small gloo groups, at 8 and 16 real processes.
 
 The ranks are those of `benchmarks/scale.py` (a light stand-in of a rank: the exchange, the straggler figures of
-made-up totals, a window summary's row), grouped into simulated nodes of consecutive ranks.
+made-up totals, a window summary's row, made-up system samples through the run's `SystemExchange` to rank 0's run
+folder and MLflow run), grouped into simulated nodes of consecutive ranks.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from tests.helpers.jobs import job_environment
 SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
 
 
-def scale_row(tmp_path: Path, world: int, *args: str) -> dict[str, Any]:
+def scale_rows(tmp_path: Path, worlds: list[int], *args: str) -> list[dict[str, Any]]:
     out = tmp_path / "scale.json"
-    command = [sys.executable, str(SCALE), "--worlds", str(world), "--intervals", "3", "--out", str(out), *args]
+    command = [sys.executable, str(SCALE), "--worlds", *map(str, worlds), "--intervals", "3", "--out", str(out), *args]
     subprocess.run(command, env=job_environment(), timeout=240, check=True)
-    row: dict[str, Any] = json.loads(out.read_text())["exchanges"]["tree"]["rows"][0]
-    return row
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["exchanges"]["tree"]["rows"]
+    return rows
+
+
+def scale_row(tmp_path: Path, world: int, *args: str) -> dict[str, Any]:
+    return scale_rows(tmp_path, [world], *args)[0]
 
 
 def test_the_groups_are_nodes_then_their_first_ranks_in_groups_of_at_most_the_fan_out() -> None:
@@ -51,6 +56,22 @@ def test_sixteen_ranks_on_four_nodes_hold_sockets_for_their_node_and_the_nodes_o
     assert max(row["sockets"]) <= 4 + 4  # its node's ranks plus the nodes' first ranks (a full mesh: 16)
     assert row["sockets"] == row["sockets_predicted"]
     assert row["rank_0_figures"][names.TRAIN_DATALOADER_SLOWEST_RANK] == 2  # the last interval's made-up straggler
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_four_nodes_log_as_many_mlflow_series_as_one_and_every_node_reaches_the_run_folder(tmp_path: Path) -> None:
+    one_node, four_nodes = scale_rows(tmp_path, [4, 16], "--ranks-per-node", "4", "--system-intervals", "3")
+    assert (one_node["nodes"], four_nodes["nodes"]) == (1, 4)
+    for row in (one_node, four_nodes):
+        assert row["sent"] and row["mlflow_runs"] == 1
+        assert row["mlflow_series"] == len(names.NODE_LEAVES) + 8 * len(names.GPU_LEAVES) + len(
+            names.CLUSTER_STATISTICS
+        ) * len(names.NODE_LEAVES) + (len(names.CLUSTER_STATISTICS) + 1) * len(names.GPU_LEAVES)
+        assert row["mlflow_points"] == 3 * row["mlflow_series"]  # one point per series and interval
+    assert four_nodes["mlflow_series"] == one_node["mlflow_series"]
+    assert four_nodes["table_nodes"] == four_nodes["table_gpu_nodes"] == [0, 1, 2, 3]
+    assert (four_nodes["node_rows"], four_nodes["gpu_rows"]) == (4 * 3, 4 * 8 * 3)  # every sample of every node
 
 
 @pytest.mark.slow
