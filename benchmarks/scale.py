@@ -9,6 +9,9 @@ straggler figures. Per world size it reports the sockets each rank opened for th
 intervals of the slowest rank), then fits a power of the world size to each to read off 1,000 and 10,000 ranks; the
 sockets at those sizes come from the groups the exchange would make there (`exchange_levels`). With
 `--exchanges tree one-group` the runs alternate with a control: one gloo group over all ranks, all-gathers on it.
+Each run of the profiler's exchange then takes `--system-intervals` intervals of the nodes' system samples to rank
+0's run folder and one MLflow run (`scale_system.py`): MLflow points and series, the tables' bytes and the times
+of the samples' exchange and of rank 0's recording, fitted alike.
 
     python benchmarks/scale.py --worlds 2 4 8 16 32 64 128 --exchanges tree one-group --repeats 3 \
         --out benchmarks/results/scale.json
@@ -229,7 +232,7 @@ def fit(worlds: list[int], values: list[float]) -> dict[str, float]:
 
 TIMES = ("create_s_max", "create_cpu_s_max", "interval_s_median", "interval_cpu_s_median", "interval_cpu_s_max")
 """The figures that vary from run to run: their median over repeats is kept, and each is fitted."""
-SYSTEM_TIMES = ("shared_s_median", "record_s_median")
+SYSTEM_TIMES = ("shared_s_median", "shared_cpu_s_median", "record_s_median", "record_cpu_s_median")
 SYSTEM_FITTED = ("mlflow_points_per_hour", "table_bytes_per_hour", *SYSTEM_TIMES)
 """The system metrics' figures fitted, over the world sizes of more than one node (one node has no exchange)."""
 
@@ -264,20 +267,26 @@ def measure(world: int, exchange: str, args: argparse.Namespace) -> dict[str, An
 
 def system_figures(reports: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Rank 0's MLflow run and run folder, scaled to an hour of training; the slowest rank's time in the samples'
-    exchange and rank 0's in recording them, medians over the intervals (the first left out); {} without them."""
+    exchange, rank 0's CPU time in it (its training thread's), and rank 0's time and CPU time in recording them
+    (its worker thread's), medians over the intervals (the first left out); {} without them."""
     zero = reports[0]["system"] if reports and reports[0]["rank"] == 0 else {}
     if not zero:
         return {}
     per_hour = 3600 / args.system_interval_s / args.system_intervals
-    recorded = zero["record_s"][1:] or zero["record_s"]
+
+    def median(key: str) -> float:
+        values = zero[key][1:] or zero[key]
+        return statistics.median(values) if values else math.nan
+
+    lists = ("shared_s", "shared_cpu_s", "record_s", "record_cpu_s")
     return {
-        **{key: value for key, value in zero.items() if key not in ("shared_s", "record_s")},
+        **{key: value for key, value in zero.items() if key not in lists},
         "gpus_per_node": args.gpus_per_node,
         "system_intervals": args.system_intervals,
         "mlflow_points_per_hour": zero["mlflow_points"] * per_hour,
         "table_bytes_per_hour": zero["table_bytes"] * per_hour,
         "shared_s_median": interval_median([report["system"] for report in reports], "shared_s"),
-        "record_s_median": statistics.median(recorded) if recorded else math.nan,
+        **{f"{key}_median": median(key) for key in lists[1:]},
     }
 
 
@@ -352,16 +361,17 @@ def system_markdown(result: dict[str, Any]) -> str:
         return ""
     lines = [
         "| ranks | nodes | MLflow series | MLflow points per hour | system tables, MB per hour "
-        "| samples' exchange per interval, ms | rank 0's recording per interval, ms |",
+        "| samples' exchange per interval, ms (rank 0's CPU ms) | rank 0's recording per interval, ms (CPU ms) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
     def cells(figures: dict[str, Any]) -> str:
-        shared_ms = figures["shared_s_median"] * 1e3
+        shared = f"{figures['shared_s_median'] * 1e3:.0f} ({figures['shared_cpu_s_median'] * 1e3:.1f})"
+        shared = "-" if math.isnan(figures["shared_s_median"]) else shared  # one node: no exchange
         return (
             f"{figures['mlflow_series']} | {figures['mlflow_points_per_hour']:,.0f} "
-            f"| {figures['table_bytes_per_hour'] / 1e6:.1f} | {'-' if math.isnan(shared_ms) else f'{shared_ms:.0f}'} "
-            f"| {figures['record_s_median'] * 1e3:.1f}"
+            f"| {figures['table_bytes_per_hour'] / 1e6:.1f} | {shared} "
+            f"| {figures['record_s_median'] * 1e3:.1f} ({figures['record_cpu_s_median'] * 1e3:.1f})"
         )
 
     for row in rows:

@@ -55,17 +55,19 @@ def made_up_sample(node: int, gpus: int, step: int, at: float) -> NodeSample:
 
 
 class TimedRecorder(NodeRecorder):
-    """The recorder, keeping the seconds each `record` took on rank 0's worker thread (the tables, the cluster's
-    view, the metrics queued for MLflow)."""
+    """The recorder, keeping the seconds, and the CPU seconds of its thread, each `record` took on rank 0's worker
+    thread (the tables, the cluster's view, the metrics queued for MLflow)."""
 
     def __init__(self, session: ProfilerSession) -> None:
         super().__init__(session, per_node_series=False)
         self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
 
     def record(self, samples: list[NodeSample], step: int) -> None:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         super().record(samples, step)
         self.seconds.append(time.perf_counter() - started)
+        self.cpu_seconds.append(time.thread_time() - cpu_started)
 
 
 def run_system(
@@ -86,7 +88,7 @@ def run_system(
             session.sink = open_sink(session.config, run_dir, 0, uri, run_name=f"scale {world} ranks")
             recorder = TimedRecorder(session)
         system = SystemExchange(session, interval_s, recorder) if nodes > 1 else None
-        shared_s, started_at, step = [], time.time(), 0
+        shared_s, shared_cpu_s, started_at, step = [], [], time.time(), 0
         for interval in range(args.system_intervals):
             step = (interval + 1) * 10
             sample = None
@@ -105,18 +107,21 @@ def run_system(
             if gathered is None:
                 break
             size = len(RankTotals().to_list())
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             system.received(step, [RankTotals.from_list(values[:size]) for values in gathered], [])
             shared_s.append(time.perf_counter() - started)
+            shared_cpu_s.append(time.thread_time() - cpu_started)
         if system is not None:
             system.finish(step)  # every rank; rank 0 waits for its worker to have recorded everything
         if recorder is None:
-            return {"shared_s": shared_s}
+            return {"shared_s": shared_s, "shared_cpu_s": shared_cpu_s}
         assert session.sink is not None and session.run_dir is not None
         sent = session.sink.close(timeout_s=SENDER_TIMEOUT_S)
         return {
             "shared_s": shared_s,
+            "shared_cpu_s": shared_cpu_s,
             "record_s": recorder.seconds,
+            "record_cpu_s": recorder.cpu_seconds,
             "sent": sent,
             **store_counts(session.run_dir / "mlflow.db"),
             **table_figures(session.run_dir),
