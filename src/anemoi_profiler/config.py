@@ -150,10 +150,10 @@ class ProfilerConfig:
             value = getattr(self.throughput, name)
             checks.append((f"throughput.{name}", value is None or ":" in value, "null or 'package.module:function'"))
         ranks = self.distributed.profiled_ranks
-        ranks_ok = ranks == "all" or (
+        ranks_ok = ranks in ("auto", "all") or (
             isinstance(ranks, Iterable) and not isinstance(ranks, str) and all(_is_integer(r) and r >= 0 for r in ranks)
         )
-        checks.append(("distributed.profiled_ranks", ranks_ok, "'all' or a list of global ranks >= 0"))
+        checks.append(("distributed.profiled_ranks", ranks_ok, "'auto', 'all' or a list of global ranks >= 0"))
         checks.append(("hta.time_limit_s", self.hta.time_limit_s > 0, "a number of seconds > 0"))
         checks.append(("hta.memory_limit_mb", self.hta.memory_limit_mb > 0, "a number of MB > 0"))
         replicas = self.distributed.data_parallel_size
@@ -171,9 +171,6 @@ class ProfilerConfig:
         for key, ok, allowed in checks:
             if not ok:
                 raise ConfigError(f"{key}: got {_value_at(self, key)!r}, expected {allowed}")
-
-    def is_profiled_rank(self, rank: int) -> bool:
-        return self.distributed.profiled_ranks == "all" or rank in self.distributed.profiled_ranks
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(OmegaConf.structured(self))

@@ -179,7 +179,12 @@ class HtaConfig:
 class DistributedConfig:
     """Multi-process runs (DDP, FSDP; Lightning's launcher, torchrun, SLURM)."""
 
-    profiled_ranks: Any = _opt("all", "Global ranks that run torch.profiler windows: 'all' or a list such as [0, 1].")
+    profiled_ranks: Any = _opt(
+        "auto",
+        "Global ranks that run torch.profiler windows: 'auto' (every rank up to 8 ranks; beyond, at most 16: "
+        "rank 0's node, the last rank and the first ranks of nodes spread over the job), 'all', or a list "
+        "such as [0, 1].",
+    )
     timeout_s: float = _opt(
         120.0, "Timeout of the profiler's own collectives; a dead rank never freezes the others in profiler code."
     )

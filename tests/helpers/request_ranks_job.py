@@ -16,6 +16,7 @@ import torch.distributed as dist
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.run.clock import ExchangeControl, RankTotals
 from anemoi_profiler.run.distributed import RankExchange
+from anemoi_profiler.run.profiled_ranks import select_profiled_ranks
 from anemoi_profiler.run.triggers import TriggerWatch
 from anemoi_profiler.triggers.requests import new_request, write_request
 
@@ -31,7 +32,8 @@ def main(rank: int, port: int, world_size: int, run_dir: Path) -> None:
     config = ProfilerConfig.load(None, [f"output_dir={run_dir}", *overrides])
     if rank == 0:
         write_request(run_dir, new_request(2, NAMED))
-    watch = TriggerWatch.of_config(config, world_size, rank, run_dir, exchange)
+    profiled = select_profiled_ranks(config.distributed.profiled_ranks, world_size)
+    watch = TriggerWatch.of_config(config, world_size, rank, run_dir, exchange, profiled)
     if rank == 0:
         time.sleep(0.5)  # the poller has read the request
     sizes = set()

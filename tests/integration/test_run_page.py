@@ -119,7 +119,7 @@ def test_tags_and_params_say_what_ran(two_runs: Path) -> None:
     assert params["profiler.run_folder"] == str(folder)
     assert params["profiler.throughput.warmup_steps"] == "2" and params["profiler.profiler.enabled"] == "false"
     assert params["profiler.profiler.train.active"] == "3"
-    assert params["profiler.distributed.profiled_ranks"] == "all"
+    assert params["profiler.distributed.profiled_ranks"] == "auto"
     assert not [key for key in params if key.startswith(("profiler.tracking.", "profiler.report.", "profiler/"))]
     assert all(len(value) <= 6000 for value in params.values())
 

@@ -91,6 +91,7 @@ def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_trac
     assert summary["train/samples_per_sec"] == pytest.approx(metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC])
 
     assert trace_ranks(run_dir) == {"train/window_0": [0, 1], "train/window_1": [0, 1], "val/window_0": [0, 1]}
+    assert json.loads((run_dir / "report.json").read_text())["header"]["profiled ranks"] == "every rank (2)"
 
 
 @pytest.mark.slow
@@ -117,6 +118,7 @@ def test_torchrun_with_the_users_mlflow_logger_and_only_rank_1_profiled(tmp_path
     assert_global_is_sum_of_two_ranks(run.data.metrics, names.SUMMARY)
     assert names.TRAIN_STEP_MS_MAX in run.data.metrics
     assert trace_ranks(run_dir) == {"train/window_0": [1], "train/window_1": [1], "val/window_0": [1]}
+    assert json.loads((run_dir / "report.json").read_text())["header"]["profiled ranks"] == "1 (1 of 2 ranks)"
 
 
 def system_points(tracking_uri: str) -> tuple[Any, dict[str, int]]:

@@ -14,7 +14,9 @@ from anemoi_profiler.run.triggers import TriggerWatch, window_entries, windows_s
 def test_the_memory_trigger_plans_a_snapshot_on_the_climbing_rank_not_assessed_on_cpu(tmp_path: Path) -> None:
     overrides = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false"]
     config = ProfilerConfig.load(None, [f"output_dir={tmp_path}", *overrides, "triggers.requests=false"])
-    watch = TriggerWatch.of_config(config, world_size=2, rank=1, run_dir=tmp_path, exchange=RankExchange())
+    watch = TriggerWatch.of_config(
+        config, world_size=2, rank=1, run_dir=tmp_path, exchange=RankExchange(), profiled_ranks=[0, 1]
+    )
     step = 0
     while watch.pending is None and step < 400:
         step += 20
@@ -35,7 +37,9 @@ def test_the_memory_trigger_plans_a_snapshot_on_the_climbing_rank_not_assessed_o
 def test_a_window_without_a_snapshot_says_none(tmp_path: Path) -> None:
     overrides = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.memory=false"]
     config = ProfilerConfig.load(None, [f"output_dir={tmp_path}", *overrides, "triggers.requests=false"])
-    watch = TriggerWatch.of_config(config, world_size=1, rank=0, run_dir=tmp_path, exchange=RankExchange())
+    watch = TriggerWatch.of_config(
+        config, world_size=1, rank=0, run_dir=tmp_path, exchange=RankExchange(), profiled_ranks=[0]
+    )
     step = 0
     while watch.pending is None and step < 2000:
         step += 20

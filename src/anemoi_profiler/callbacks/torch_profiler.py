@@ -68,7 +68,7 @@ class TorchProfilerCallback(ProfilerCallback):
         assert self.session.run_dir is not None
         self._schedules = {stage: WindowSchedule.from_config(getattr(options, stage)) for stage in STAGES}
         # A rank outside `distributed.profiled_ranks` keeps empty spans: each batch costs one comparison.
-        profiled = self.config.is_profiled_rank(self.session.global_rank)
+        profiled = self.session.global_rank in self.session.profiled_ranks
         self._watch = self.session.triggers
         self._triggered: WindowPlan | None = None  # the triggered window this rank records now
         self._unstarted: WindowPlan | None = None  # the last one opened, until its first recorded batch starts
@@ -345,7 +345,7 @@ class TorchProfilerCallback(ProfilerCallback):
         return {("train", plan.window): plan.ranks for plan in plans if plan.window is not None}
 
     def _reporting_rank(self) -> int:
-        return next((r for r in range(self.session.world_size) if self.config.is_profiled_rank(r)), 0)
+        return self.session.profiled_ranks[0] if self.session.profiled_ranks else 0
 
     def _traces_upload_note(self) -> str:
         """Upload traces with the run only when they are small enough; the run folder always keeps them."""

@@ -32,6 +32,7 @@ from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .parallelism import Parallelism, detect_parallelism
 from .postmortem import PostmortemRecorder
+from .profiled_ranks import describe_ranks, select_profiled_ranks
 from .triggers import TriggerWatch
 
 log = get_logger(__name__)
@@ -49,6 +50,8 @@ class ProfilerSession:
         self.parallelism = Parallelism(1, 1, "one process")
         self.hosts: list[str] = []
         """Each rank's host name, by global rank."""
+        self.profiled_ranks: list[int] = [0]
+        """The ranks that record the scheduled profiling windows (`distributed.profiled_ranks`)."""
         self._members: set[int] = set()
         self._kept_local: set[Path] = set()
         self._report: RunReport | None = None
@@ -131,6 +134,14 @@ class ProfilerSession:
         ranks_per_node = self.world_size // trainer_info.num_nodes(trainer)
         self.exchange = RankExchange(self.config.distributed.timeout_s, ranks_per_node=ranks_per_node or None)
         self.hosts = self.exchange.gather_texts(socket.gethostname())
+        setting = self.config.distributed.profiled_ranks
+        self.profiled_ranks = select_profiled_ranks(setting, self.world_size, self.hosts)
+        if self.is_global_zero and len(self.profiled_ranks) < self.world_size:
+            log.info(
+                "profiling windows record on ranks %s (distributed.profiled_ranks: %s)",
+                describe_ranks(self.profiled_ranks, self.world_size),
+                setting,
+            )
         distributed = self.config.distributed
         strategy = getattr(trainer, "strategy", None)
         self.parallelism = detect_parallelism(strategy, self.world_size, distributed.data_parallel_size)
@@ -164,7 +175,7 @@ class ProfilerSession:
         self.run_dir = Path(shared)
         if self.config.triggers.enabled:
             self.triggers = TriggerWatch.of_config(
-                self.config, self.world_size, self.global_rank, self.run_dir, self.exchange
+                self.config, self.world_size, self.global_rank, self.run_dir, self.exchange, self.profiled_ranks
             )
             self.stage_clock.train_exchanges.append(self.triggers)
         self._report = RunReport({"run folder": str(self.run_dir), **header})
@@ -193,6 +204,7 @@ class ProfilerSession:
             )
             return None
         header.update(_header_from_environment(environment, trainer))
+        header["profiled ranks"] = describe_ranks(self.profiled_ranks, self.world_size)
         return run_dir
 
     def _start_sink(self, trainer: Any, environment: dict[str, Any]) -> None:

@@ -75,12 +75,14 @@ class TriggerWatch:
         exchange: RankExchange,
         poller: RequestPoller | None,
         run_dir: Path,
+        profiled_ranks: list[int],
     ) -> None:
+        """`profiled_ranks`: the ranks a window records when its trigger or request names none."""
         self.triggers = triggers
         self.steps = config.triggers.steps
         self.warmup = config.triggers.profiler_warmup
         self.world_size = world_size
-        self.profiled_ranks = [rank for rank in range(world_size) if config.is_profiled_rank(rank)]
+        self.profiled_ranks = profiled_ranks
         self._exchange = exchange
         self.pending: WindowPlan | None = None
         self.plans: list[WindowPlan] = []
@@ -91,7 +93,13 @@ class TriggerWatch:
 
     @classmethod
     def of_config(
-        cls, config: ProfilerConfig, world_size: int, rank: int, run_dir: Path, exchange: RankExchange
+        cls,
+        config: ProfilerConfig,
+        world_size: int,
+        rank: int,
+        run_dir: Path,
+        exchange: RankExchange,
+        profiled_ranks: list[int],
     ) -> TriggerWatch:
         options = config.triggers
         detectors = (options.warmup_intervals, options.baseline_intervals)
@@ -112,7 +120,7 @@ class TriggerWatch:
         )
         triggers = Triggers(drift, slow_rank, memory, options.cooldown_steps, options.max_windows)
         poller = RequestPoller(run_dir, options.request_poll_s) if options.requests and rank == 0 else None
-        return cls(triggers, config, world_size, exchange, poller, run_dir)
+        return cls(triggers, config, world_size, exchange, poller, run_dir, profiled_ranks)
 
     def outgoing(self, control: ExchangeControl) -> None:
         """Rank 0 puts a new request into the training exchange (again, until a window takes it)."""
