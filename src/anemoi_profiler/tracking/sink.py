@@ -48,9 +48,13 @@ def wait_for_mlflow(timeout_s: float = 60.0) -> bool:
     to the background: call this before reading such a run back from MLflow. False when a delivery it waited
     for is still going on at the timeout or left batches in its spool (a warning says where).
     """
+    return _wait_for_deliveries(timeout_s)
+
+
+def _wait_for_deliveries(timeout_s: float, but: TrackingSink | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
     with _closing_lock:
-        sinks = list(_closing)
+        sinks = [sink for sink in _closing if sink is not but]
     results = [sink.wait_closed(max(0.0, deadline - time.monotonic())) for sink in sinks]
     return all(result is True for result in results)
 
@@ -228,10 +232,10 @@ class TrackingSink:
             self._delivered.set()
             if when_delivered is not None:
                 when_delivered()
-            # Last: the sender's own exit (its interpreter unloading MLflow) holds up neither `close` nor the data.
-            self._target.stop()
         finally:
             self._delivered.set()
+            # Last: the sender's own exit (its interpreter unloading MLflow) holds up neither `close` nor the data.
+            self._target.stop()
             with _closing_lock:
                 _closing.discard(self)
 
@@ -272,7 +276,7 @@ class TrackingSink:
     def _loop(self) -> None:
         # One delivery at a time: first what an earlier fit of this process left to the background (two senders
         # opening a new sqlite store at once both run MLflow's migrations, and one fails).
-        wait_for_mlflow(timeout_s=REPLY_TIMEOUT_S)
+        _wait_for_deliveries(REPLY_TIMEOUT_S, but=self)
         self._attempt(create_run_only=True)
         self.started_up_at = time.perf_counter()
         while True:
