@@ -130,6 +130,19 @@ def test_a_sink_closed_without_waiting_delivers_in_the_background(tmp_path: Path
     assert wait_for_mlflow(), "nothing left to wait for"
 
 
+def test_short_fits_in_a_row_on_a_new_store_all_reach_mlflow(tmp_path: Path) -> None:
+    """Each fit's sender waits for the deliveries earlier fits left to the background: two senders opening a new
+    sqlite store at once would both run MLflow's migrations, and one would fail."""
+    train, _ = loaders(n_train=64)
+    for _ in range(2):
+        callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "system.enabled=false")
+        trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    assert wait_for_mlflow()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert [run.info.status for run in runs] == ["FINISHED", "FINISHED"]
+
+
 def test_a_short_fit_whose_server_never_answers_ends_and_its_delivery_gives_up_in_bounded_time(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
