@@ -213,7 +213,12 @@ def fit_once(
     with (folder / "fit.log").open("a") as log, contextlib.redirect_stdout(log):
         trainer.fit(model, loader)
     fit_ended = time.perf_counter()
-    children_cpu_s = all_children_cpu_s() - children_before  # the MLflow sender: kept for the next fit, or ended
+    if setup.ours:
+        from anemoi_profiler import wait_for_mlflow
+
+        # What a fit left to the background: its sender's CPU counts below, and no later fit shares the CPU with it.
+        wait_for_mlflow(timeout_s=120.0)
+    children_cpu_s = all_children_cpu_s() - children_before  # the MLflow sender, ended
     run_dir = setup.ours[0].session.run_dir if setup.ours else None
     result = FitResult(
         name=name,

@@ -215,6 +215,7 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
         f"(bare vs bare {fit['control_s']:+.2f} s)",
         "    the profiled fits' end (s): "
         + ", ".join(f"{step} {s:.2f}" for step, s in fit["end_s"].items() if s >= 0.005),
+        f"    then wait_for_mlflow(), the MLflow delivery left to the background: {fit['delivery_after_fit_s']:.2f} s",
         f"  a script that fits and exits: bare {script['bare_s']:.2f} s, ours {script['ours_s']:.2f} s: "
         f"{script['extra_s']:+.2f} s (bare vs bare {script['control_s']:+.2f} s); "
         f"its fit() {script['fit_extra_s']:+.2f} s",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from anemoi_profiler import wait_for_mlflow
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -35,6 +38,13 @@ def _isolated_mlflow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _deliveries_end_with_their_test() -> Iterator[None]:
+    """A short fit's MLflow delivery, left to the background, ends with its test, not during the next one."""
+    yield
+    wait_for_mlflow()
 
 
 def pytest_configure(config: pytest.Config) -> None:

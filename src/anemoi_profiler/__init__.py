@@ -28,6 +28,7 @@ _EXPORTS = {
     "ThroughputCallback": "callbacks",
     "TorchProfilerCallback": "callbacks",
     "profile_component": "component",
+    "wait_for_mlflow": "tracking.sink",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.callbacks.system import SystemMetricsCallback
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
@@ -287,6 +287,7 @@ def test_energy_per_sample_counts_steady_state_power_only(
     assert "a GPU shared with other jobs counts their energy too" in note
     assert "CPU package energy: not available" in note
 
+    wait_for_mlflow()
     client = MlflowClient(sqlite_uri)
     run = client.get_run(logger.run_id)
     assert run.data.metrics[names.SUMMARY_JOULES_PER_SAMPLE] == pytest.approx(system["energy/joules_per_sample"])

@@ -13,7 +13,7 @@ import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.report import ReportSection, RunReport
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -70,6 +70,7 @@ def test_metrics_and_artifacts_land_in_the_loggers_run(tmp_path: Path, sqlite_ur
     )
     fit.fit(TinyRegressor(), train, val)
 
+    wait_for_mlflow()
     client = MlflowClient(sqlite_uri)
     run = client.get_run(logger.run_id)
     assert run.info.run_name == "mine"
@@ -119,6 +120,7 @@ def test_without_a_logger_the_embedded_sqlite_store_gets_its_own_finished_run(tm
     trainer(build_callbacks(config_for(tmp_path, "system.enabled=false")), limit_val_batches=1).fit(
         TinyRegressor(), train, val
     )
+    wait_for_mlflow()
     database = tmp_path / "runs" / "mlflow.db"
     assert database.is_file()
     assert not (tmp_path / "mlruns").exists()
@@ -134,6 +136,7 @@ def test_logger_prefix_is_respected_except_for_system_metrics(tmp_path: Path, sq
     logger = MLFlowLogger(experiment_name="p", tracking_uri=sqlite_uri, prefix="fold1")
     train, _ = loaders(n_train=64)
     trainer(build_callbacks(config_for(tmp_path)), logger=logger).fit(TinyRegressor(), train)
+    wait_for_mlflow()
     metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
     assert "fold1-throughput/train/samples_per_sec" in metrics
     assert names.TRAIN_SAMPLES_PER_SEC not in metrics
@@ -167,6 +170,7 @@ def test_pytorch_lightning_namespace_trainer_works_too(tmp_path: Path, sqlite_ur
         enable_checkpointing=False,
         enable_model_summary=False,
     ).fit(LegacyRegressor(), train)
+    wait_for_mlflow()
     assert names.TRAIN_SAMPLES_PER_SEC in MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
 
 
@@ -175,6 +179,7 @@ def test_user_exception_passes_through_and_own_run_is_marked_failed(tmp_path: Pa
     fit = trainer(build_callbacks(config_for(tmp_path)))
     with pytest.raises(RuntimeError, match="boom from the user's training_step"):
         fit.fit(TinyRegressor(fail_at_step=6), train)
+    wait_for_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FAILED"
@@ -196,11 +201,13 @@ def test_gradient_accumulation_no_validation_and_ragged_last_batch(tmp_path: Pat
     report = json.loads((only_run_folder(tmp_path) / "report.json").read_text())
     throughput = report["sections"]["Throughput"]["data"]
     assert throughput["train/measured_batches"] == 14
+    wait_for_mlflow()
     metrics = MlflowClient(sqlite_uri).get_run(logger.run_id).data.metrics
     assert not any(key.startswith(names.throughput("val", "")) for key in metrics)
     assert all(math.isfinite(value) for value in metrics.values())
     # the step axis is the optimizer step: 7 batches with accumulation 2 step 4 times an epoch (the last
     # batch of an epoch steps too), so global_step is 8 after two epochs
+    wait_for_mlflow()
     history = MlflowClient(sqlite_uri).get_metric_history(logger.run_id, names.TRAIN_STEP_MS)
     assert max(point.step for point in history) == 8
 

@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.report import format_value
 from anemoi_profiler.reports import steady
@@ -137,6 +137,7 @@ def test_a_slow_start_is_set_apart_and_every_output_shows_the_same_steady_figure
     assert f"<b>{step_text}</b><span>training step</span>" in page
     assert steady.LABEL.replace("'", "&#x27;") in page
 
+    wait_for_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert mlflow_run.data.metrics[names.SUMMARY_TRAIN_SAMPLES_PER_SEC] == pytest.approx(samples_per_sec, rel=1e-9)

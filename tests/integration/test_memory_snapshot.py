@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from anemoi_profiler import wait_for_mlflow
 from anemoi_profiler.callbacks import memory_snapshot as memory_snapshot_module
 from anemoi_profiler.callbacks.memory_snapshot import MemorySnapshotCallback
 from anemoi_profiler.config import ProfilerConfig
@@ -243,6 +244,7 @@ def test_exception_in_the_window_dumps_the_history_and_reaches_the_user(
     data = report["sections"]["Memory snapshot"]["data"]["snapshot_rank0_exception.pickle"]
     assert data["trigger"] == "UserError, with allocation history"
     assert report["header"]["status"] == "FAILED"
+    wait_for_mlflow()
     client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FAILED"

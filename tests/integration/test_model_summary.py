@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchinfo import torchinfo as torchinfo_module
 
+from anemoi_profiler import wait_for_mlflow
 from anemoi_profiler.callbacks.model_summary import (
     ModelSummaryCallback,
     candidate_calls,
@@ -337,6 +338,7 @@ def test_a_forward_on_rank_zero_alone_is_run_only_where_it_exchanges_nothing(str
 def test_params_and_file_land_in_a_real_mlflow_run(tmp_path: Path) -> None:
     cfg = ProfilerConfig.load(None, [f"output_dir={tmp_path}", "system.enabled=false", "report.console=false"])
     fit(TinyModel(), tuple_loader(), [ModelSummaryCallback(cfg)], steps=2)
+    wait_for_mlflow()
     client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.data.params["model/total_params"] == str(TOTAL_PARAMS)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, wait_for_mlflow
 from anemoi_profiler.callbacks import ProfilerCallback
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.report import ReportSection
@@ -62,6 +62,7 @@ def test_the_run_end_reads_the_folder_once_and_every_report_shows_one_diagnosis(
     later = run_data.load_run(folder)  # what `anemoi-profiler report` reads a week later
     outcomes = diagnosis.assess(later)
     assert diagnosis.render_section(outcomes).data == written
+    wait_for_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.data.tags["profiler.verdict"] == verdict_tag(outcomes)

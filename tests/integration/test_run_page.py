@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.description import run_description
@@ -51,6 +51,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         train, _ = loaders(n_train=384)
         fit = trainer(build_callbacks(profiler_config(output)), limit_val_batches=0)
         fit.fit(TinyRegressor(step_sleep_s=0.04), train)
+    assert wait_for_mlflow()
     return output
 
 
@@ -132,6 +133,7 @@ def test_the_commit_and_the_run_link_of_the_embedded_store(tmp_path: Path, capsy
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     train, _ = loaders(n_train=32)
     trainer(build_callbacks(profiler_config(tmp_path / "runs"))).fit(TinyRegressor(), train)
+    wait_for_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("anemoi-profiler")
     (run,) = client.search_runs([experiment.experiment_id])
@@ -148,6 +150,7 @@ def test_the_users_description_is_kept_and_our_section_replaced_when_the_run_res
     logger = MLFlowLogger(experiment_name="users", tracking_uri=sqlite_uri, tags={DESCRIPTION: USERS_NOTES})
     train, _ = loaders(n_train=96)
     trainer(build_callbacks(profiler_config(tmp_path / "runs")), logger=logger).fit(TinyRegressor(), train)
+    wait_for_mlflow()
     client = MlflowClient(sqlite_uri)
     first = client.get_run(logger.run_id).data.tags[DESCRIPTION]
     assert first.startswith(USERS_NOTES + "\n\n" + SECTION_START + "\n") and first.endswith(SECTION_END)
@@ -158,6 +161,7 @@ def test_the_users_description_is_kept_and_our_section_replaced_when_the_run_res
     caplog.set_level(logging.WARNING)
     callbacks = build_callbacks(profiler_config(tmp_path / "runs", "log_every_n_steps=3"))
     trainer(callbacks, logger=resumed).fit(TinyRegressor(), train)
+    wait_for_mlflow()
     run = client.get_run(logger.run_id)
     second_folder = callbacks[0].session.run_dir  # both folders may carry the same second in their names
     assert second_folder is not None and len(run_folders(tmp_path / "runs")) == 2
@@ -179,6 +183,7 @@ def test_a_run_that_crashes_is_tagged_and_described_as_such(tmp_path: Path, sqli
         trainer(build_callbacks(profiler_config(tmp_path / "runs")), logger=logger).fit(
             TinyRegressor(fail_at_step=4), train
         )
+    wait_for_mlflow()
     tags = MlflowClient(sqlite_uri).get_run(logger.run_id).data.tags
     assert tags["profiler.device"] == "cpu" and tags["profiler.run_folder"] == str(run_folders(tmp_path / "runs")[0])
     assert tags["profiler.verdict"] == "not-assessed"  # 4 batches, 2 of them warmup: no log interval to judge

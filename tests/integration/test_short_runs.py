@@ -22,10 +22,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.callbacks.markers import FirstCallbackMark, LastCallbackMark
 from anemoi_profiler.tracking import sender
-from anemoi_profiler.tracking.spool import write_run_info
+from anemoi_profiler.tracking.sink import TrackingSink
+from anemoi_profiler.tracking.spool import pending_batches, write_run_info
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -71,13 +72,97 @@ def test_the_sender_starts_with_the_fit_and_ends_with_it(tmp_path: Path, capsys:
     train, _ = loaders(n_train=64)
     trainer([*callbacks, spy], max_steps=4).fit(TinyRegressor(), train)
     session = callbacks[0].session
+    assert wait_for_mlflow()
     run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
     assert run.info.status == "FINISHED" and names.SUMMARY_TRAIN_BATCHES_PER_SEC in run.data.metrics
     assert set(session.end_seconds) >= {"write the report", "close the MLflow sink", "upload the run folder"}
-    assert children() == before, "the sender ended with the run"
+    assert children() == before, "the sender ended with the delivery"
     for callback in [*callbacks, *spy.callbacks]:  # Lightning's hooks are the classes' own, none set on an instance
         assert not [name for name in vars(callback) if name.startswith("on_")], type(callback).__name__
-    assert "start-up" not in capsys.readouterr().out  # no note on the sender's start-up at the end
+    out = capsys.readouterr().out
+    assert f"MLflow run {run.info.run_id} at " in out  # at the end, or once delivered
+    assert "start-up" not in out  # no note on the sender's start-up at the end
+
+
+class WaitForTheSender(pl.Callback):
+    """Holds the first step until the session's MLflow sender is up: a fit that outlasts its start-up."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        deadline = time.monotonic() + 120
+        while not self.session.sink.sender_up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.session.sink.sender_up
+
+
+def test_a_fit_that_outlasts_the_senders_start_up_returns_with_its_run_in_mlflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "throughput.warmup_steps=1")
+    session = callbacks[0].session
+    train, _ = loaders(n_train=64)
+    trainer([*callbacks, WaitForTheSender(session)], max_steps=4).fit(TinyRegressor(), train)
+    # no wait_for_mlflow(): the run is there, ended, when fit() returns
+    run = MlflowClient(session.tracking_uri).get_run(session.sink.run_id)
+    assert run.info.status == "FINISHED"
+    assert set(json.loads((session.run_dir / "metrics.json").read_text())) <= set(run.data.metrics)
+    assert not (session.run_dir / "spool").exists()
+    out = capsys.readouterr().out
+    assert f"MLflow run {run.info.run_id} at " in out and "in the background" not in out
+
+
+def test_a_sink_closed_without_waiting_delivers_in_the_background(tmp_path: Path) -> None:
+    before = children()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sink = TrackingSink(uri, "anemoi-profiler", tmp_path / "spool", run_name="background")
+    sink.log_metrics({"train/step_ms": 7.5}, step=3)
+    delivered: list[str | None] = []
+    closing = sink.close("FINISHED", timeout_s=120, wait=False, when_delivered=lambda: delivered.append(sink.run_id))
+    assert closing is None
+    assert wait_for_mlflow()
+    assert delivered == [sink.run_id] and sink.run_id is not None
+    run = MlflowClient(uri).get_run(sink.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"train/step_ms": 7.5}
+    assert not (tmp_path / "spool").exists()
+    assert children() == before, "the sender ended after the delivery"
+    assert wait_for_mlflow(), "nothing left to wait for"
+
+
+def test_short_fits_in_a_row_on_a_new_store_all_reach_mlflow(tmp_path: Path) -> None:
+    """Each fit's sender waits for the deliveries earlier fits left to the background: two senders opening a new
+    sqlite store at once would both run MLflow's migrations, and one would fail."""
+    train, _ = loaders(n_train=64)
+    for _ in range(2):
+        callbacks = profiled(tmp_path, "report.html=false", "report.console=false", "system.enabled=false")
+        trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+    assert wait_for_mlflow()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+    assert [run.info.status for run in runs] == ["FINISHED", "FINISHED"]
+
+
+def test_a_short_fit_whose_server_never_answers_ends_and_its_delivery_gives_up_in_bounded_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server takes the connection and never answers: the sender is never up, so the fit does not wait for
+    it; the background delivery gives up after `tracking.close_timeout_s` and the metrics stay in the spool."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    before = children()
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        overrides = [f"output_dir={tmp_path / 'runs'}", f"tracking.uri={uri}", "tracking.close_timeout_s=1"]
+        config = ProfilerConfig.load(None, [*overrides, "report.html=false", "report.console=false"])
+        callbacks = build_callbacks(config)
+        train, _ = loaders(n_train=64)
+        trainer(callbacks, max_steps=4).fit(TinyRegressor(), train)
+        out = capsys.readouterr().out
+        assert f"MLflow run at {uri}: sent in the background" in out
+        assert wait_for_mlflow(timeout_s=60) is False  # gave up: the rest is in the spool
+    run_dir = callbacks[0].session.run_dir
+    assert pending_batches(run_dir / "spool" / "rank0")
+    assert children() == before, "the stuck sender was killed"
 
 
 def sender_for(tmp_path: Path, uri: str, reply_timeout_s: float = sender.REPLY_TIMEOUT_S) -> sender.SenderProcess:
@@ -126,6 +211,7 @@ def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: P
     assert throughput["train/measured_s"] >= throughput["train/startup_overlap_s"]  # what the diagnosis weighs
     run_dir = callbacks[0].session.run_dir
     assert "ran beside the profiler's own start-up" in (run_dir / "report.txt").read_text()
+    wait_for_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.data.metrics[names.SUMMARY_TRAIN_STARTUP_OVERLAP_S] == pytest.approx(

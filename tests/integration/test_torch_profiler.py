@@ -18,7 +18,7 @@ from torch import nn
 from torch.profiler import ProfilerAction
 from torch.utils.data import DataLoader, TensorDataset
 
-from anemoi_profiler import ProfilerConfig
+from anemoi_profiler import ProfilerConfig, wait_for_mlflow
 from anemoi_profiler.callbacks.torch_profiler import TorchProfilerCallback
 from anemoi_profiler.profiling.durations import Reservoir
 from anemoi_profiler.profiling.schedule import WindowSchedule
@@ -303,6 +303,7 @@ def test_traces_over_the_upload_cap_stay_local(tmp_path: Path, monkeypatch: pyte
     for name, cap in (("small", "200"), ("large", "0")):
         tracking = [f"tracking.uri={uri}", f"tracking.experiment={name}", f"profiler.upload_traces_max_mb={cap}"]
         fit(config_for(tmp_path / name, *tracking, tracking=True), limit_val_batches=0)
+    wait_for_mlflow()
     client = MlflowClient(uri)
 
     def artifacts(experiment: str) -> set[str]:

@@ -91,6 +91,7 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
     assert delivered["status"] == "FINISHED" and delivered["metrics"] > 0, delivered
     assert delivered["absent"] == [] and delivered["spool_left"] is False, delivered
     assert results["short_run"]["fit"]["bare_s"] > 0 and results["short_run"]["script"]["bare_s"] > 0
+    assert results["short_run"]["fit"]["delivery_after_fit_s"] >= 0
     script = results["short_run"]["script"]
     assert len(script["fit_runs_s"]["ours"]) == len(script["runs_s"]["bare"]) > 0
     statuses = {target["target"]: target["status"] for target in results["targets"]}

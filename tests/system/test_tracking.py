@@ -15,7 +15,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.run.folder import print_where_to_look
@@ -76,6 +76,7 @@ def test_unreachable_server_never_blocks_training_and_sync_replays_exactly_once(
     started = time.perf_counter()
     fit.fit(TinyRegressor(), train)
     assert time.perf_counter() - started < 60
+    wait_for_mlflow()  # the end's delivery, in the fit or in the background, gave up after close_timeout_s
     (folder,) = run_folders(tmp_path / "runs")
     assert pending_batches(folder / "spool" / "rank0"), "nothing was spooled"
 
@@ -165,6 +166,7 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
 
         # MLflow 2.x lists proxied artifacts through the process-global tracking URI (mlflow_versions)
         mlflow.set_tracking_uri(server.uri)
+        wait_for_mlflow()
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
         assert run.info.status == "FINISHED"
@@ -180,7 +182,6 @@ def test_server_killed_mid_fit_gets_every_metric_once_after_it_is_back(
 
 TRAIN_IN_A_FRESH_INTERPRETER = """
 import sys
-import threading
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -189,8 +190,8 @@ config = ProfilerConfig.load("simple", [f"output_dir={sys.argv[1]}", "report.con
 train, _ = loaders(n_train=160)
 trainer(build_callbacks(config), max_steps=10).fit(TinyRegressor(), train)
 print("mlflow imported:", "mlflow" in sys.modules)
-print("threads left:", [t.name for t in threading.enumerate() if t is not threading.main_thread()])
 """
+"""A script that reads nothing back: its exit waits for the MLflow sender that the short fit left delivering."""
 
 
 @pytest.mark.slow
@@ -211,7 +212,6 @@ def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
     for sign_of_a_thread_dying_at_exit in ("Traceback", "Exception ignored", "terminate called"):
         assert sign_of_a_thread_dying_at_exit not in completed.stderr, completed.stderr[-3000:]
     assert "mlflow imported: False" in completed.stdout
-    assert "threads left: []" in completed.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"

@@ -27,7 +27,7 @@ from . import run_page, trainer_info
 from .clock import OwnWorkClock, StageClock
 from .distributed import RankExchange
 from .environment import collect_environment
-from .folder import print_where_to_look, upload_folder, write_run_folder
+from .folder import print_mlflow_run, print_where_to_look, upload_folder, write_run_folder
 from .gradient_sync import GradientSyncTimer
 from .metric_history import MetricHistory
 from .parallelism import Parallelism, detect_parallelism
@@ -260,6 +260,7 @@ class ProfilerSession:
         reporting = self.is_global_zero and self._report is not None
         # What was measured goes to disk first: a SIGKILL while the report is written then loses none of it.
         steps: list[tuple[str, Callable[[], object]]] = []
+        sending = False  # the MLflow sender goes on delivering after the fit
         if sink is not None:
             steps.append(("spool the metrics", sink.spool_now))
         if self.is_global_zero and clock is not None:
@@ -280,10 +281,19 @@ class ProfilerSession:
                 steps.append(
                     ("upload the run folder", functools.partial(upload_folder, sink, run_dir, self._kept_local))
                 )
-            close_timeout_s = self.config.tracking.close_timeout_s
-            steps.append(("close the MLflow sink", lambda: sink.close(self._status, timeout_s=close_timeout_s)))
+            # A fit that finishes before the sender is up (it imports MLflow and creates the run beside the first
+            # steps) does not wait for that start-up: the sender delivers in the background, and the process's
+            # exit or `wait_for_mlflow` waits for it. Otherwise the run is in MLflow, ended, when `fit()` returns;
+            # always so for a failed or stopped fit, whose process may end without running its exit handlers.
+            sending = self._status == "FINISHED" and not sink.sender_up
+            close = functools.partial(sink.close, self._status, self.config.tracking.close_timeout_s, wait=not sending)
+            if sending and self.is_global_zero:
+                close = functools.partial(close, when_delivered=functools.partial(print_mlflow_run, run_dir, sink))
+            steps.append(("close the MLflow sink", close))
         if self.is_global_zero:
-            steps.append(("print where to look", functools.partial(print_where_to_look, run_dir, sink)))
+            steps.append(
+                ("print where to look", functools.partial(print_where_to_look, run_dir, sink, sending=sending))
+            )
         self.end_seconds = {}
         for what, action in steps:
             started = time.perf_counter()

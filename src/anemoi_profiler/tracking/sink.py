@@ -6,7 +6,8 @@ sends the spool and deletes the files, so that MLflow's Python never competes wi
 interpreter lock. Every wait of the training thread on them is bounded (`wait_for_run`, `flush`, `close`). A
 slow or dead server never blocks training, and nothing is lost: what could not be sent stays in
 `<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
-`anemoi-profiler sync <run folder>`.
+`anemoi-profiler sync <run folder>`. `close` can also return at once and leave the last sends to a closing
+thread, which the process's exit waits for (it is no daemon) and `wait_for_mlflow` before that.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from .. import names
 from ..logs import get_logger
 from ..redaction import redact_text, redact_uri
 from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
-from .sender import SenderError, SenderProcess
+from .sender import REPLY_TIMEOUT_S, SenderError, SenderProcess
 from .spool import pending_batches, remove_if_empty, write_batch, write_run_info
 
 log = get_logger(__name__)
@@ -35,6 +36,27 @@ WAKE_AT_QUEUED = 1000
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value."""
 Queued = Record | FlushRequest
+
+_closing: set[TrackingSink] = set()
+"""Sinks whose closing thread still delivers (see `TrackingSink.close` without `wait`)."""
+_closing_lock = threading.Lock()
+
+
+def wait_for_mlflow(timeout_s: float = 60.0) -> bool:
+    """Wait until every profiled run of this process that is still being sent has reached MLflow (at most
+    `timeout_s`). A fit that ends before its MLflow sender has started returns at once and leaves the delivery
+    to the background: call this before reading such a run back from MLflow. False when a delivery it waited
+    for is still going on at the timeout or left batches in its spool (a warning says where).
+    """
+    return _wait_for_deliveries(timeout_s)
+
+
+def _wait_for_deliveries(timeout_s: float, but: TrackingSink | None = None) -> bool:
+    deadline = time.monotonic() + timeout_s
+    with _closing_lock:
+        sinks = [sink for sink in _closing if sink is not but]
+    results = [sink.wait_closed(max(0.0, deadline - time.monotonic())) for sink in sinks]
+    return all(result is True for result in results)
 
 
 class TrackingSink:
@@ -86,7 +108,9 @@ class TrackingSink:
         self._offline_since: float | None = None
         self._last_attempt = 0.0
         self._said: set[object] = set()
-        self._closed = False
+        self._closer: threading.Thread | None = None
+        self._delivered = threading.Event()
+        self._all_sent = False
         self._unspooled = Batch()  # records the spool could not take (disk full): sent from memory
         self._spool_error: str | None = None
         self._dropped_metrics = 0
@@ -147,30 +171,76 @@ class TrackingSink:
         self._wake.set()
         return done.wait(timeout_s) and not pending_batches(self.spool_dir)
 
-    def close(self, status: str | None = "FINISHED", timeout_s: float = 30.0) -> bool:
+    @property
+    def sender_up(self) -> bool:
+        """True once the sender has answered (MLflow imported, the run created or the server found away)."""
+        return self.started_up_at is not None
+
+    def close(
+        self,
+        status: str | None = "FINISHED",
+        timeout_s: float = 30.0,
+        *,
+        wait: bool = True,
+        when_delivered: Callable[[], None] | None = None,
+    ) -> bool | None:
         """Send everything (and end our own run with `status`); what does not get through stays spooled.
 
-        Returns True when nothing is left in the spool.
+        With `wait`, returns when that is done: True when nothing is left in the spool. Without, returns None at
+        once and a closing thread finishes the delivery, then calls `when_delivered`; the process's exit waits
+        for that thread (it is not a daemon), and `wait_for_mlflow` waits for it before that.
         """
-        if self._closed:
-            return not pending_batches(self.spool_dir)
-        self._closed = True
-        if status and self.owns_run:
-            self._queue.put(Terminate(status))
-        self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
-            self._target.stop(grace_s=0.0)
-            self._thread.join(5.0)
-            refused = self._spool_queued()
-            self._dropped_metrics += len(refused.metrics) if refused is not None else 0
-        else:
-            self._dropped_metrics += len(self._unspooled.metrics)
-        self._target.stop()
-        atexit.unregister(self._flush_at_exit)
+        if self._closer is None:
+            if status and self.owns_run:
+                self._queue.put(Terminate(status))
+            self.spool_now()  # a scheduler's SIGKILL during the wait below then loses nothing
+            self._stopping.set()
+            self._wake.set()
+            atexit.unregister(self._flush_at_exit)
+            self._closer = threading.Thread(
+                target=self._finish_closing, args=(timeout_s, when_delivered), name="anemoi-profiler-tracking-close"
+            )
+            with _closing_lock:
+                _closing.add(self)
+            self._closer.start()
+        if not wait:
+            return None
+        self._delivered.wait()
+        return self._all_sent
+
+    def wait_closed(self, timeout_s: float) -> bool | None:
+        """After `close`: wait until the delivery is done and the sender has ended. True when nothing is left in
+        the spool, False when something is, None while the delivery goes on past `timeout_s`."""
+        if self._closer is None:
+            return None
+        self._closer.join(timeout_s)
+        return None if self._closer.is_alive() else self._all_sent
+
+    def _finish_closing(self, timeout_s: float, when_delivered: Callable[[], None] | None) -> None:
+        """The closing thread: wait for the sink's thread (at most `timeout_s`), say what is left, end the sender."""
+        try:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
+                self._target.stop(grace_s=0.0)
+                self._thread.join(5.0)
+                refused = self._spool_queued()
+                self._dropped_metrics += len(refused.metrics) if refused is not None else 0
+            else:
+                self._dropped_metrics += len(self._unspooled.metrics)
+            self._all_sent = self._say_what_is_left()
+            self._delivered.set()
+            if when_delivered is not None:
+                when_delivered()
+        finally:
+            self._delivered.set()
+            # Last: the sender's own exit (its interpreter unloading MLflow) holds up neither `close` nor the data.
+            self._target.stop()
+            with _closing_lock:
+                _closing.discard(self)
+
+    def _say_what_is_left(self) -> bool:
+        """Warn of metrics lost and of batches left in the spool; True when nothing is left to send."""
         if self._dropped_metrics:
             log.warning(
                 "%d metric point(s) could neither be sent to MLflow nor written to %s (%s); they are lost",
@@ -204,6 +274,9 @@ class TrackingSink:
             self._wake.set()
 
     def _loop(self) -> None:
+        # One delivery at a time: first what an earlier fit of this process left to the background (two senders
+        # opening a new sqlite store at once both run MLflow's migrations, and one fails).
+        _wait_for_deliveries(REPLY_TIMEOUT_S, but=self)
         self._attempt(create_run_only=True)
         self.started_up_at = time.perf_counter()
         while True:
@@ -334,7 +407,7 @@ class TrackingSink:
         self._run_ready.set()
 
     def _flush_at_exit(self) -> None:
-        if not self._closed:
+        if self._closer is None:
             self._stopping.set()
             self._wake.set()
             self._thread.join(10.0)

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import torch
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import ProfilerConfig
+from anemoi_profiler import ProfilerConfig, wait_for_mlflow
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.tracking.sink import TrackingSink
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -56,6 +56,8 @@ def only_run_folder(output_dir: Path) -> Path:
 
 
 def only_run(tracking_uri: str, experiment: str = "anemoi-profiler") -> Any:
+    """The one run of `experiment`, once the MLflow deliveries a short fit left to the background are done."""
+    wait_for_mlflow()
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     assert found is not None, f"no experiment {experiment!r} in {tracking_uri}"

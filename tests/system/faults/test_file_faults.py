@@ -19,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 
-from anemoi_profiler import build_callbacks, names
+from anemoi_profiler import build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.layout import RUN_INFO_FILE as RUN_FILE
 from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import read_history
@@ -124,6 +124,7 @@ def test_disk_full_during_a_trace_export_lets_the_training_finish(
     )
     with small_disk(disk, how), caplog.at_level(logging.WARNING):
         profiled = seeded_fit([*build_callbacks(config), FillTheDisk(disk, at_step=5)])
+        wait_for_mlflow()  # while the small disk, and the spool on it, is there
         (folder,) = run_folders(disk)
         assert not list((folder / "traces").rglob("*.pt.trace.json.gz")), "a trace was written to a full disk"
     assert_same_weights(profiled, seeded_fit([]))
@@ -249,7 +250,11 @@ def test_two_jobs_starting_in_the_same_second_get_two_run_folders(
     logs = {batches: (tmp_path / f"job{batches}.log").read_text() for batches in jobs}
     assert all(job.returncode == 0 for job in jobs.values()), logs
     assert not any("anemoi-profiler" in log for log in logs.values()), logs  # not a single warning
-    said = {batches: json.loads(out.strip().splitlines()[-1]) for batches, out in results.items()}
+    # each job's JSON line; the lines with its MLflow run's link may follow it (printed once delivered)
+    said = {
+        batches: json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        for batches, out in results.items()
+    }
 
     folders = run_folders(output_dir)
     assert len(folders) == 2 and folders[0].name.startswith(plan["stamp"]), folders

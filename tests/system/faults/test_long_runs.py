@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from anemoi_profiler import build_callbacks, names
+from anemoi_profiler import build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.callbacks.stage_callback import StageCallback
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.system.faults.fault_helpers import metric_steps, only_run, quick_config
@@ -120,7 +120,10 @@ def test_no_profiler_thread_or_file_handle_outlives_a_fit(tmp_path: Path, new_st
 
     def fit_once(fail_at_step: int | None = None) -> None:
         train, _ = loaders(n_train=16 * 8)
-        trainer(build_callbacks(config)).fit(TinyRegressor(fail_at_step=fail_at_step), train)
+        try:
+            trainer(build_callbacks(config)).fit(TinyRegressor(fail_at_step=fail_at_step), train)
+        finally:
+            wait_for_mlflow()  # what a short fit leaves to the background
 
     fit_once()  # MLflow keeps its connections to the store for the process: open them first
     threads = {thread.ident for thread in threading.enumerate()}

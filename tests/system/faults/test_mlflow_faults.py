@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import build_callbacks, names
+from anemoi_profiler import build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.tracking.spool import pending_batches
 from tests.helpers.mlflow_server import MlflowServer
@@ -59,6 +59,7 @@ def test_server_answering_503_never_holds_up_training_and_sync_sends_every_metri
     with ErrorServer(503) as server, caplog.at_level(logging.WARNING, logger="anemoi_profiler"):
         config = quick_config(tmp_path / "runs", f"tracking.uri={server.uri}", "tracking.close_timeout_s=10")
         profiled = seeded_fit(build_callbacks(config))
+        assert wait_for_mlflow() is False, "the end's delivery gave up: the rest is in the spool"
         assert server.requests > 0, "the sink never tried the server"
     timer.assert_tiny()
     assert_same_weights(profiled, seeded_fit([]))
@@ -96,11 +97,12 @@ def test_server_taking_a_second_per_request_costs_the_training_thread_nothing(
         callbacks = build_callbacks(config)
         started = time.perf_counter()
         profiled = seeded_fit(callbacks, batches=20, step_sleep_s=0.02)
+        assert wait_for_mlflow(timeout_s=180)
         seconds = time.perf_counter() - started
         requests = proxy.requests
     timer.assert_tiny()
     assert_same_weights(profiled, seeded_fit([], batches=20, step_sleep_s=0.02))
-    # The end of the run waited for the slow server (that is what close_timeout_s allows), not the steps.
+    # The end of the run (in the fit, or after it in the background) waited for the slow server, not the steps.
     assert requests >= 5 and seconds >= requests * 1.0 * 0.9
 
     run = only_run(mlflow_server.uri, "slow-server")
@@ -122,8 +124,9 @@ def test_slow_server_past_close_timeout_leaves_the_rest_in_the_spool(
         with caplog.at_level(logging.WARNING, logger="anemoi_profiler"):
             started = time.perf_counter()
             seeded_fit(build_callbacks(config))
+            assert wait_for_mlflow(timeout_s=60) is False
             seconds = time.perf_counter() - started
-        assert seconds < 25, f"the fit waited {seconds:.0f} s for a server that takes 30 s"
+        assert seconds < 25, f"the end waited {seconds:.0f} s for a server that takes 30 s"
         folder = only_run_folder(tmp_path / "runs")
         assert pending_batches(folder / "spool" / "rank0")
         assert any(f"anemoi-profiler sync {folder}" in message for message in spool_warnings(caplog))
@@ -137,6 +140,7 @@ def test_read_only_sqlite_store_keeps_metrics_in_the_spool_until_sync(
     config = quick_config(tmp_path / "runs", f"tracking.uri={uri}", "tracking.close_timeout_s=5")
     with read_only_folder(store_folder), caplog.at_level(logging.WARNING, logger="anemoi_profiler"):
         profiled = seeded_fit(build_callbacks(config))
+        assert wait_for_mlflow() is False
         folder = only_run_folder(tmp_path / "runs")
         assert pending_batches(folder / "spool" / "rank0")
         assert any(f"anemoi-profiler sync {folder}" in message for message in spool_warnings(caplog))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler import build_callbacks
+from anemoi_profiler import build_callbacks, wait_for_mlflow
 from anemoi_profiler.tracking.sink import TrackingSink
 from tests.helpers.mlflow_server import MlflowServer
 from tests.system.faults.fault_helpers import only_run, only_run_folder, quick_config, seeded_fit
@@ -52,6 +52,7 @@ def test_planted_secrets_reach_no_artifact_param_tag_or_run_folder_file(
     config = quick_config(tmp_path / "runs", "tracking.experiment=secrets", "report.console=true")
     with caplog.at_level(logging.INFO):
         seeded_fit(build_callbacks(config))
+        wait_for_mlflow()  # and its lines with the run's link
 
     folder = only_run_folder(tmp_path / "runs")
     for path in folder.rglob("*"):  # config.yaml, environment.json, report.*, metrics.json, spool/run.json
