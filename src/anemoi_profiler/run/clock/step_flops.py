@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from ...logs import get_logger
-from ..lightning_private import TRAINING_STEP, missing
+from .. import lightning_private
 from .eager import can_run_eagerly, eager, is_compiled
 from .loop_timer import LoopTimer
 
@@ -39,7 +39,7 @@ class FirstStepFlops:
                 return
             self._counter = StepFlopCounter()
             if timer is not None:
-                timer.around_next(TRAINING_STEP, self._counter.counting)
+                timer.around_next(lightning_private.TRAINING_STEP, self._counter.counting)
             else:
                 self._counter.start()
         except Exception as error:  # MFU is left out; the rates are still measured
@@ -52,7 +52,9 @@ class FirstStepFlops:
             return 0.0
         try:
             if timer is not None and timer.cancel_around():
-                missing(f"profiler action {TRAINING_STEP!r}", "FLOPs and MFU are not assessed")
+                lightning_private.missing(
+                    f"profiler action {lightning_private.TRAINING_STEP!r}", "FLOPs and MFU are not assessed"
+                )
             total = counter.stop()
             return total / samples / self._global_shape_share() if samples and total else 0.0
         except Exception as error:
