@@ -3,7 +3,7 @@
 The training thread only puts records on a queue. A background thread writes each batch of records to the
 spool folder first (write-ahead); a child process (`sender`), which that thread starts on its first request,
 sends the spool and deletes the files, so that MLflow's Python never competes with the training loop for the
-interpreter lock. Every wait of the training thread on them is bounded (`wait_for_run`, `flush`, `close`). A
+interpreter lock. Every wait of the training thread on them is bounded (`flush`, `close`). A
 slow or dead server never blocks training, and nothing is lost: what could not be sent stays in
 `<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
 `anemoi-profiler sync <run folder>`. `close` can also return at once and leave the last sends to a closing
@@ -103,7 +103,6 @@ class TrackingSink:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flush_requested = threading.Event()
-        self._run_ready = threading.Event()
         self._seq = itertools.count()
         self._offline_since: float | None = None
         self._last_attempt = 0.0
@@ -157,11 +156,6 @@ class TrackingSink:
         refused = self._spool_queued()
         if refused is not None:
             self._queue.put(refused)
-
-    def wait_for_run(self, timeout_s: float) -> str | None:
-        """The run id once the background thread has created (or reached) the run; None if it could not."""
-        self._run_ready.wait(timeout_s)
-        return self.run_id
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued so far was sent or spooled. True when nothing is left to send."""
@@ -336,9 +330,6 @@ class TrackingSink:
                 done.set()
         except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
             log.warning("tracking thread error (%s); will retry", redact_text(str(error)))
-        finally:
-            if self.run_id:
-                self._run_ready.set()
 
     def _spool_queued(self) -> Batch | None:
         """From the calling thread: write what is queued to the spool; the batch the disk refused, or None."""
@@ -404,7 +395,6 @@ class TrackingSink:
             self.retry_interval_s,
             self.spool_dir.parents[1],
         )
-        self._run_ready.set()
 
     def _flush_at_exit(self) -> None:
         if self._closer is None:
