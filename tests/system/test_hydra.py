@@ -44,8 +44,8 @@ def test_config_tree_tests_pass_with_omegaconf_2_3_and_hydra_1_3(omegaconf23_env
     omegaconf_version, hydra_version = versions.stdout.split()
     assert omegaconf_version.startswith("2.3.") and hydra_version.startswith("1.3."), versions.stdout
 
-    tests = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(REPO / "tests" / "test_config_trees.py")],
-                omegaconf23_env, REPO)  # fmt: skip
+    config_trees = REPO / "tests" / "unit" / "test_config_trees.py"
+    tests = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(config_trees)], omegaconf23_env, REPO)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert "skipped" not in tests.stdout.splitlines()[-1], tests.stdout[-2000:]  # the Hydra tests ran too
 
