@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import ProfilerConfig, build_callbacks, wait_for_mlflow
 from anemoi_profiler.demo import run_demo
 from anemoi_profiler.reports.charts import WIDTH
 from anemoi_profiler.tracking.uris import MODEL_TRAINING_VIEW
@@ -47,7 +47,7 @@ def drawn_width(browser: Browser, selector: str, timeout_s: float = 30.0) -> int
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Browser:
-    browser = Browser(tmp_path / "profile")
+    browser = Browser(tmp_path / "profile", height=1200)  # the folded cluster view and all eight system charts
     yield browser  # type: ignore[misc]
     browser.close()
 
@@ -68,6 +68,7 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
          "throughput.warmup_steps=3", "system.interval_s=1"],
     )  # fmt: skip
     run_demo(config, max_steps=40, slow_data=True)
+    assert wait_for_mlflow()  # a short fit's run may still be on its way; its link is printed once it is there
     printed = capsys.readouterr().out
     found = PRINTED_LINK.search(printed)
     assert found, printed
@@ -94,6 +95,10 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     browser.wait_for_count("svg.main-svg", 2)  # Plotly drew the charts in view
     browser.wait_for_text("(memory/cpu_rss_mb)", "(summary/memory/cpu_rss_mb)")  # their legends
     browser.open(f"{run_page}/system-metrics?{MODEL_TRAINING_VIEW}")
+    # The cluster's view (`system/cluster/...`, the same on one node as on many) comes first: fold it, as a user
+    # would, and rank 0's node under MLflow's own names is the System metrics tab as MLflow draws it.
+    browser.wait_for_text("system/cluster")
+    assert browser.click('[role="button"]', "system/cluster")
     browser.wait_for_count("svg.main-svg", len(SYSTEM_METRICS))
     browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
     screenshots.append(browser.screenshot(tmp_path / "mlflow_system_metrics.png", height=760))
@@ -111,6 +116,7 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
          "report.console=false", "system.enabled=false"],
     )  # fmt: skip
     trainer(build_callbacks(config)).fit(TinyRegressor(), train)
+    assert wait_for_mlflow()
     served = re.search(rf"open it at ({re.escape(server.uri)}/#/experiments/\d+/runs/\w+\?{MODEL_TRAINING_VIEW})",
                        capsys.readouterr().out)  # fmt: skip
     assert served, "no link printed"
