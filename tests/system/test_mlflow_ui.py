@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, wait_for_mlflow
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.demo import run_demo
 from anemoi_profiler.reports.charts import WIDTH
 from anemoi_profiler.tracking.uris import MODEL_TRAINING_VIEW
@@ -97,8 +97,9 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     browser.open(f"{run_page}/system-metrics?{MODEL_TRAINING_VIEW}")
     # The cluster's view (`system/cluster/...`, the same on one node as on many) comes first: fold it, as a user
     # would, and rank 0's node under MLflow's own names is the System metrics tab as MLflow draws it.
-    browser.wait_for_text("system/cluster")
-    assert browser.click('[role="button"]', "system/cluster")
+    cluster_section = names.cluster("cpu_utilization_percentage", "min").rsplit("/", 1)[0]  # its charts' prefix
+    browser.wait_for_text(cluster_section)
+    assert browser.click('[role="button"]', cluster_section)
     browser.wait_for_count("svg.main-svg", len(SYSTEM_METRICS))
     browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
     screenshots.append(browser.screenshot(tmp_path / "mlflow_system_metrics.png", height=760))
