@@ -156,6 +156,7 @@ def points_per_hour(points: dict[str, int], samples: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.stack  # the exchange's tree of groups (nodes, then their first ranks) on every tested stack
 def test_two_nodes_log_as_many_system_series_as_one_node_and_keep_the_detail_in_the_run_folder(
     tmp_path: Path,
 ) -> None:
