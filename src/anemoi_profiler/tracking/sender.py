@@ -58,6 +58,7 @@ class SenderProcess:
         self._process: subprocess.Popen[str] | None = None
         self._replies: IO[bytes] | None = None
         self._lock = threading.Lock()
+        self._ending: threading.Thread | None = None
 
     def ensure_run(self) -> str | None:
         _succeeded(self._ask({"op": "ensure_run"}))
@@ -73,13 +74,32 @@ class SenderProcess:
         batch.take(Batch.from_dict(reply["batch"]))
         _succeeded(reply)
 
-    def stop(self, grace_s: float = 2.0) -> None:
+    def stop(self, grace_s: float = 2.0, *, wait: bool = True) -> None:
         """End the process: close its stdin, which ends it between requests, and kill it after `grace_s` (it may
-        be stuck on a server that does not answer). A request waiting for it then gets its end of file."""
+        be stuck on a server that does not answer). A request waiting for it then gets its end of file.
+
+        Without `wait`, a daemon thread waits for the end, so that the training process's own exit does not wait
+        for the sender's (its interpreter unloading MLflow takes most of a second); `wait_ended` joins it.
+        """
         process, replies = self._process, self._replies
         self._process = self._replies = None
-        if process is not None:
+        if process is None:
+            return
+        _close_stdin(process)
+        if wait:
             _end(process, replies, grace_s)
+        else:
+            self._ending = threading.Thread(
+                target=_end, args=(process, replies, grace_s), name="anemoi-profiler-sender-end", daemon=True
+            )
+            self._ending.start()
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) for a sender stopped without `wait` to end; True once it has."""
+        if self._ending is not None:
+            self._ending.join(timeout_s)
+            return not self._ending.is_alive()
+        return self._process is None
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -131,10 +151,14 @@ def _read_line(replies: IO[bytes], deadline: float) -> bytes:
     return line
 
 
-def _end(process: subprocess.Popen[str], replies: IO[bytes] | None, grace_s: float) -> None:
+def _close_stdin(process: subprocess.Popen[str]) -> None:
     if process.stdin is not None:
         with contextlib.suppress(OSError):
             process.stdin.close()
+
+
+def _end(process: subprocess.Popen[str], replies: IO[bytes] | None, grace_s: float) -> None:
+    _close_stdin(process)
     try:
         process.wait(grace_s)
     except subprocess.TimeoutExpired:

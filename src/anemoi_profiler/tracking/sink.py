@@ -38,7 +38,7 @@ MAX_PARAM_CHARS = 6000
 Queued = Record | FlushRequest
 
 _closing: set[TrackingSink] = set()
-"""Sinks whose closing thread still delivers (see `TrackingSink.close` without `wait`)."""
+"""Closed sinks whose delivery, or whose sender's end, no one has waited for yet (`wait_closed`)."""
 _closing_lock = threading.Lock()
 
 
@@ -207,8 +207,14 @@ class TrackingSink:
         the spool, False when something is, None while the delivery goes on past `timeout_s`."""
         if self._closer is None:
             return None
+        deadline = time.monotonic() + timeout_s
         self._closer.join(timeout_s)
-        return None if self._closer.is_alive() else self._all_sent
+        if self._closer.is_alive():
+            return None
+        if self._target.wait_ended(max(0.0, deadline - time.monotonic())):
+            with _closing_lock:
+                _closing.discard(self)
+        return self._all_sent
 
     def _finish_closing(self, timeout_s: float, when_delivered: Callable[[], None] | None) -> None:
         """The closing thread: wait for the sink's thread (at most `timeout_s`), say what is left, end the sender."""
@@ -228,10 +234,8 @@ class TrackingSink:
                 when_delivered()
         finally:
             self._delivered.set()
-            # Last: the sender's own exit (its interpreter unloading MLflow) holds up neither `close` nor the data.
-            self._target.stop()
-            with _closing_lock:
-                _closing.discard(self)
+            # Last, and not waited for: the sender's own exit holds up neither `close` nor the process's exit.
+            self._target.stop(wait=False)
 
     def _say_what_is_left(self) -> bool:
         """Warn of metrics lost and of batches left in the spool; True when nothing is left to send."""
