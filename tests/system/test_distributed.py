@@ -438,7 +438,7 @@ def test_an_error_in_rank_0_metrics_does_not_stop_its_exchanges(tmp_path: Path) 
     """Metrics are made on rank 0 only: failing there must leave it in step with the other ranks' exchanges."""
     callback = FailingRankZeroMetrics(fast_config(tmp_path, "log_every_n_steps=2"))
     trainer, exchange = rank_0_of_two(callback, [2.0, 0.0, 0.0, 0.0, 0.1, 0.0])
-    clock_callback = callback.clock_callback  # what Lightning calls (the stand-in trainer has no callback list)
+    clock_callback = callback.session.clock_callback  # what Lightning calls (the stand-in trainer has no callback list)
     assert clock_callback is not None
     clock_callback.on_train_start(trainer, None)
     for index in range(6):

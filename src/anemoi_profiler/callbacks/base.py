@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from ..config import ConfigSource, ProfilerConfig
 from ..logs import get_logger
 from ..report import ReportSection
+from ..run.lightning_callback import Callback
 from ..run.session import ProfilerSession
-from .lightning_callback import Callback
 
 log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])

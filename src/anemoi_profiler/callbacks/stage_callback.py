@@ -1,7 +1,8 @@
 """The base of callbacks that turn the session's training and validation log intervals into metrics.
 
 Every such callback of a session listens to one `StageClock`, which one internal callback drives from
-Lightning's hooks (`clock_callback`: the first interval callback of a session puts it into the trainer's list).
+Lightning's hooks (`run.clock_callback`: the session puts it into the trainer's list when the first listener
+joins).
 The interval callbacks define no batch hook and measure nothing per batch: what they need measured, they ask
 the clock for when the session starts (how to count samples, memory peaks); per log interval they receive one
 `LogIntervalReport` (`on_log_interval`). An error in one of them stops its own metrics (the clock drops it) but
@@ -14,29 +15,17 @@ from typing import Any
 
 from ..run.clock import LogIntervalReport, RankTotals, StageMeter
 from .base import ProfilerCallback
-from .clock_callback import StageClockCallback
 
 
 class StageCallback(ProfilerCallback):
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
-        clock = self.session.stage_clock
-        assert clock is not None, "the session makes its stage clock when it starts"
-        self.clock = clock
-        first = clock.join(self)
-        self.clock_callback = StageClockCallback(self.session, clock) if first else None
-        if self.clock_callback is not None:
-            self.clock_callback.install(trainer, after=self)
+        self.clock = self.session.join_clock(self, trainer)
 
     def _start(self, trainer: Any, pl_module: Any) -> None:
         super()._start(trainer, pl_module)
         clock = getattr(self, "clock", None)
         if self.disabled and clock is not None:  # failed after joining: its metrics stop, the clock goes on
             clock.leave(self)
-
-    def stop_background_work(self) -> None:
-        clock_callback = getattr(self, "clock_callback", None)  # none before the session started
-        if clock_callback is not None:
-            clock_callback.remove()
 
     def on_log_interval(self, report: LogIntervalReport) -> None:
         """Turn a log interval's measurements into metrics: the one call from the clock (work for rank 0)."""

@@ -1,8 +1,8 @@
 """The one callback with batch hooks: it drives the session's stage clock from Lightning's hooks.
 
-The first interval callback of a session (`StageCallback`) puts it into the trainer's callback list right after
-itself when the session starts, and takes it out at the session's end; the interval callbacks themselves define
-no batch hook. Here, in one place, the clock learns where each batch, epoch and stage starts and ends; what it
+The session puts it into the trainer's callback list when the first interval callback joins the clock (right
+after that callback), and takes it out at the session's end; the interval callbacks themselves define no batch
+hook. Here, in one place, the clock learns where each batch, epoch and stage starts and ends; what it
 measures, and with what, is listed in `run.clock.stage_clock`. Installing it also installs the clock's
 instruments that must sit in the trainer: the loop timer standing in for the trainer's profiler (the data wait),
 the boundary callbacks (`markers`, bounding the other callbacks' hook time) and the gradient-sync timer's comm hook
@@ -15,8 +15,8 @@ from typing import Any
 
 from ..logs import get_logger
 from ..reports.step_series import CHECKPOINT
-from ..run.clock import LoopTimer, StageClock
-from .base import Callback
+from .clock import LoopTimer, StageClock
+from .lightning_callback import Callback
 from .markers import insert_marks, remove_marks
 
 log = get_logger(__name__)

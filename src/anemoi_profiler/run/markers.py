@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..run.clock import BatchGaps
-from .base import Callback
+from .clock import BatchGaps
+from .lightning_callback import Callback
 
 
 class _Mark(Callback):

@@ -24,7 +24,8 @@ from ..reports.run_data import RunData, load_run
 from ..tracking.sink import TrackingSink
 from ..tracking.uris import resolve_tracking_uri
 from . import run_page, trainer_info
-from .clock import OwnWorkClock, StageClock
+from .clock import IntervalListener, OwnWorkClock, StageClock
+from .clock_callback import StageClockCallback
 from .distributed import RankExchange
 from .environment import collect_environment
 from .folder import print_mlflow_run, print_where_to_look, upload_folder, write_run_folder
@@ -64,6 +65,7 @@ class ProfilerSession:
         self.exchange = RankExchange()  # local until the session starts on every rank
         self.own_work = OwnWorkClock()
         self.stage_clock: StageClock | None = None  # made when the session starts, for the interval callbacks
+        self.clock_callback: StageClockCallback | None = None  # in the trainer while an interval callback listens
         self.triggers: TriggerWatch | None = None  # with triggers.enabled: the detectors and their window plans
         self.end_seconds: dict[str, float] = {}  # what the end of the last fit spent on each of its steps
         self.postmortem = PostmortemRecorder(self.config.postmortem)  # before the process group: Flight Recorder
@@ -114,6 +116,17 @@ class ProfilerSession:
         self._members.add(id(member))
         return self.available
 
+    def join_clock(self, listener: IntervalListener, trainer: Any) -> StageClock:
+        """Hand `listener` the clock's log-interval reports. The first listener's join puts the one callback
+        that drives the clock (`clock_callback`) into the trainer, right after the listener; `_finish` takes it
+        out."""
+        assert self.stage_clock is not None, "the session makes its stage clock when it starts"
+        if self.clock_callback is None:
+            self.clock_callback = StageClockCallback(self, self.stage_clock)
+            self.clock_callback.install(trainer, after=listener)
+        self.stage_clock.join(listener)
+        return self.stage_clock
+
     def mark_failed(self, status: str) -> None:
         self._status = status
 
@@ -155,6 +168,7 @@ class ProfilerSession:
             GradientSyncTimer(device, self.parallelism.data_parallel_size, distributed.straggler),
             lambda: not self.failed,
         )
+        self.clock_callback = None
         self.triggers = None
         self._started = time.time()
         self._status = "FINISHED"
@@ -250,6 +264,8 @@ class ProfilerSession:
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""
+        if self.clock_callback is not None:
+            self.clock_callback.remove()  # out of the trainer: the clock measures no more
         self.postmortem.close()
         if self.run_dir is not None and not self.failed:
             self.exchange.gather([0.0])  # barrier: every rank has written its files before rank 0 uploads

@@ -98,7 +98,7 @@ def test_an_error_in_the_clocks_batch_hooks_stops_the_clock_not_the_training(
     (message,) = [r.getMessage() for r in caplog.records if "stopped after an error" in r.getMessage()]
     assert "the stage clock stopped after an error in on_train_batch_end" in message
     assert "ZeroDivisionError: a bug in counting" in message
-    assert throughput.clock_callback is not None and throughput.clock_callback.stopped
+    assert throughput.session.clock_callback is not None and throughput.session.clock_callback.stopped
     assert not [name for name in vars(throughput) if name.startswith("on_")]
     assert throughput.clock.train_batches_seen == 4  # not called again after the error
     assert not timing.disabled

@@ -1,11 +1,11 @@
 """One clock per session for the training and validation stages: what is measured per batch is measured here.
 
-The data flow: Lightning calls the clock callback's hooks (`callbacks.clock_callback`, the one callback that
-defines the batch hooks); it calls the clock, which measures; at each log interval's end the clock exchanges this
-rank's totals with the other ranks and hands every listener one `LogIntervalReport`; the listeners (the
-throughput and step-timing callbacks) turn it into metrics. However many listen, the per-batch cost is the
-clock's: a few `perf_counter` calls and additions, and a batch-size lookup where samples are counted; no device
-sync, no I/O. Logging and the cross-rank exchange happen only at log intervals.
+The data flow: Lightning calls the clock callback's hooks (`run.clock_callback`, the one callback that defines
+the batch hooks, which the session puts into the trainer); it calls the clock, which measures; at each log
+interval's end the clock exchanges this rank's totals with the other ranks and hands every listener one
+`LogIntervalReport`; the listeners (the throughput and step-timing callbacks) turn it into metrics. However many
+listen, the per-batch cost is the clock's: a few `perf_counter` calls and additions, and a batch-size lookup where
+samples are counted; no device sync, no I/O. Logging and the cross-rank exchange happen only at log intervals.
 
 Who measures what, all owned by the clock:
 
@@ -109,10 +109,9 @@ class StageClock:
         self.memory: MemoryPeaks | None = None
         """Reads memory peaks at each training interval's end."""
 
-    def join(self, listener: IntervalListener) -> bool:
-        """Add a listener; True when it is the first, which then puts the clock callback into the trainer."""
+    def join(self, listener: IntervalListener) -> None:
+        """Hand `listener` the log-interval reports (`ProfilerSession.join_clock`)."""
         self.listeners.append(listener)
-        return len(self.listeners) == 1
 
     def leave(self, listener: IntervalListener) -> None:
         """Stop handing `listener` reports (it failed); the clock goes on for the others."""
