@@ -12,8 +12,9 @@ torchrun, one launcher per node (here two "nodes" on one machine; on a cluster u
 
 The job gets one run folder and one MLflow run (rank 0 creates both and tells the others), whatever the
 launcher. Pass profiler options as `key=value` after the flags, e.g. `distributed.profiled_ranks=[1]`.
-`--slow-rank R --slow-ms MS` makes one rank sleep in every training step (a straggler the others wait for; from
-step N on with `--slow-from-step N`), and
+`--step-ms MS` makes every rank's training step wait MS milliseconds without using the CPU, as a step on a GPU
+does; `--slow-rank R --slow-ms MS` makes one rank sleep that much longer in every training step (a straggler the
+others wait for; from step N on with `--slow-from-step N`), and
 `--slow-data-rank R --slow-data-ms MS` makes one rank's dataloader slow; `--fail-on-rank R --fail-at-step N` makes
 one rank raise, to see the job end instead of hanging; with
 `DDP_TRAIN_DUMP_STACKS_AFTER_S=S` in the environment every process prints its Python stacks after S seconds,
@@ -42,13 +43,15 @@ FEATURES = 32
 
 
 class SmallRegressor(pl.LightningModule):
-    """A two-layer MLP; `slow_rank` sleeps `slow_s` in every training step, `fail_on_rank` raises at `fail_at_step`."""
+    """A two-layer MLP; every rank sleeps `step_s` in every training step and `slow_rank` `slow_s` more;
+    `fail_on_rank` raises at `fail_at_step`."""
 
     def __init__(
         self,
         width: int = 64,
         fail_on_rank: int | None = None,
         fail_at_step: int = 0,
+        step_s: float = 0.0,
         slow_rank: int | None = None,
         slow_s: float = 0.0,
         slow_from_step: int = 0,
@@ -57,6 +60,7 @@ class SmallRegressor(pl.LightningModule):
         self.net = nn.Sequential(nn.Linear(FEATURES, width), nn.ReLU(), nn.Linear(width, 1))
         self.fail_on_rank = fail_on_rank
         self.fail_at_step = fail_at_step
+        self.step_s = step_s
         self.slow_rank = slow_rank
         self.slow_s = slow_s
         self.slow_from_step = slow_from_step
@@ -67,6 +71,8 @@ class SmallRegressor(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_rank == self.fail_on_rank and self.global_step >= self.fail_at_step:
             raise RuntimeError(f"injected failure on rank {self.global_rank} at step {self.global_step}")
+        if self.step_s:
+            time.sleep(self.step_s)
         if self.global_rank == self.slow_rank and self.global_step >= self.slow_from_step:
             time.sleep(self.slow_s)
         x, y = batch
@@ -128,7 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: the embedded sqlite store)")
     parser.add_argument("--mlflow-logger", action="store_true", help="also log the loss with an MLFlowLogger")
     parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (gradient accumulation)")
-    parser.add_argument("--slow-rank", type=int, help="global rank that sleeps in every training step")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="every rank sleeps this long per training step")
+    parser.add_argument("--slow-rank", type=int, help="global rank that sleeps longer in every training step")
     parser.add_argument("--slow-ms", type=float, default=60.0, help="how long --slow-rank sleeps per step")
     parser.add_argument("--slow-from-step", type=int, default=0, help="first step in which --slow-rank sleeps")
     parser.add_argument("--slow-data-rank", type=int, help="global rank whose dataloader is slow")
@@ -225,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         width=args.width,
         fail_on_rank=args.fail_on_rank,
         fail_at_step=args.fail_at_step,
+        step_s=args.step_ms / 1000,
         slow_rank=args.slow_rank,
         slow_s=args.slow_ms / 1000,
         slow_from_step=args.slow_from_step,

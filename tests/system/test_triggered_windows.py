@@ -48,23 +48,28 @@ from tests.helpers.jobs import (
 )
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
-STEP_SLEEP_S = 0.02
 REQUEST_RANKS_JOB = Path(__file__).resolve().parents[1] / "helpers" / "request_ranks_job.py"
 LOG_EVERY = 20
 
 
-class SlowingModel(TinyRegressor):
-    """Sleeps `sleep_s` per training step, `slowdown` times as long from `slow_from` on: with the rest of the
-    step (about 6 ms here), 1.4 times the sleep makes the step about 30 % slower."""
+class PacedModel(TinyRegressor):
+    """Starts its training steps on a metronome: one every `period_s`, `slowdown` times as far apart from optimizer
+    step `slow_from` on. Whatever else a shared machine runs, the step time is the period (a step's own work, a
+    few ms, fits in it, and a late start is made up by the next), so the detectors see a change only where the
+    test makes one."""
 
-    def __init__(self, slow_from: int | None, slowdown: float = 1.4, sleep_s: float = STEP_SLEEP_S) -> None:
-        super().__init__(step_sleep_s=sleep_s)
+    def __init__(self, slow_from: int | None, slowdown: float = 1.3, period_s: float = 0.03) -> None:
+        super().__init__()
         self.slow_from = slow_from
         self.slowdown = slowdown
+        self.period_s = period_s
+        self.beat: float | None = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        if self.slow_from is not None and self.global_step >= self.slow_from:
-            time.sleep(self.step_sleep_s * (self.slowdown - 1))
+        slower = self.slow_from is not None and self.global_step >= self.slow_from
+        now = time.perf_counter()
+        self.beat = now if self.beat is None else self.beat + self.period_s * (self.slowdown if slower else 1.0)
+        time.sleep(max(0.0, self.beat - now))
         return super().training_step(batch, batch_idx)
 
 
@@ -120,7 +125,7 @@ def windows(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_a_run_that_becomes_30_percent_slower_gets_a_drift_window_right_after(tmp_path: Path) -> None:
     slow_from = 140
-    run_dir = triggered_fit(tmp_path, SlowingModel(slow_from), 220)
+    run_dir = triggered_fit(tmp_path, PacedModel(slow_from), 220)
 
     (window,) = windows(run_dir)
     assert window["reason"] == "drift" and window["stage"] == "train" and window["ranks"] == [0]
@@ -152,7 +157,7 @@ def test_window_marks_sit_on_the_optimizer_step_with_gradient_accumulation(tmp_p
     """Two batches per optimizer step: the plot's axis counts steps, so a window starting at batch b is marked at
     step b // 2, inside the plotted steps (at b it would sit past the end of the run)."""
     slow_from = 70  # optimizer steps: batch 140
-    run_dir = triggered_fit(tmp_path, SlowingModel(slow_from), 110, accumulate_grad_batches=2)
+    run_dir = triggered_fit(tmp_path, PacedModel(slow_from), 110, accumulate_grad_batches=2)
 
     (window,) = windows(run_dir)
     assert window["reason"] == "drift"
@@ -182,9 +187,7 @@ def test_a_fit_whose_memory_climbs_gets_a_memory_window_not_assessed_on_cpu(tmp_
 
 @pytest.mark.slow
 def test_a_steady_run_of_2000_steps_gets_no_triggered_window(tmp_path: Path) -> None:
-    # A longer sleep than above: the CPU work around it, which the other jobs of a shared machine slow down for
-    # seconds at a time (a real slowdown the detector would report), is a smaller share of the step.
-    run_dir = triggered_fit(tmp_path, SlowingModel(None, sleep_s=0.04), 2000, "log_every_n_steps=50")
+    run_dir = triggered_fit(tmp_path, PacedModel(None), 2000, "log_every_n_steps=50")
     assert windows(run_dir) == []
     assert not (run_dir / "traces").exists()
 
@@ -194,7 +197,8 @@ def test_a_rank_that_starts_to_lag_gets_a_slow_rank_window_on_it_and_rank_0(tmp_
     output_dir = tmp_path / "runs"
     output_dir.mkdir()
     flags = ["--devices=2", f"--output-dir={output_dir}", "--max-steps=110", "--batch-size=8"]
-    lagging = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=60"]
+    # every step waits 30 ms off the CPU, as a GPU step does: a busy machine's scheduling noise is a small share of it
+    lagging = ["--step-ms=30", "--slow-rank=1", "--slow-ms=30", "--slow-from-step=60"]
     overrides = ["log_every_n_steps=8", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
     # drift off: 8-step intervals on a busy machine vary too much to say which trigger fires first; with traces
     # kept only where flagged, the ranks a triggered window was opened for keep theirs
@@ -229,7 +233,7 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Pa
         "triggers.memory=false",
         "tracking.enabled=true",
     ]
-    run_dir = triggered_fit(tmp_path, SlowingModel(None), 300, *overrides)
+    run_dir = triggered_fit(tmp_path, PacedModel(None), 300, *overrides)
     requester.join()
 
     assert answers == [0]
@@ -352,7 +356,7 @@ def test_a_request_through_the_mlflow_run_tag_gets_its_window(tmp_path: Path) ->
     ]
     # the test's client and the job share one sqlite file: a send that finds it locked is retried a second later
     sending = ["tracking.flush_interval_s=1", "tracking.retry_interval_s=1"]
-    run_dir = triggered_fit(tmp_path, SlowingModel(None), 900, *overrides, *sending)
+    run_dir = triggered_fit(tmp_path, PacedModel(None), 900, *overrides, *sending)
     requester.join()
 
     assert answers == [0]
