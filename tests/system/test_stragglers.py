@@ -72,12 +72,11 @@ def test_with_gradient_accumulation_the_wait_is_per_optimizer_step(tmp_path: Pat
 
 
 def test_balanced_ranks_give_no_verdict_and_the_timing_hook_changes_no_weight(tmp_path: Path) -> None:
-    # Without MLflow: the 20 steps would all run beside rank 0's MLflow sender importing MLflow, on the two cores
-    # the ranks keep busy, which here doubled the step time and made the others wait up to 12 % of a step for
-    # rank 0 (the diagnosis then says "not assessed": tests/unit/test_diagnosis.py).
-    # 60 steps: 15 log intervals, whose median holds when a busy machine slows one rank for a few of them (20 steps
-    # once read 11 %: rank 1 waited for in 3 of 5 intervals while the step time swung from 3.4 to 8.8 ms).
-    quiet = ["tracking.enabled=false", "--max-steps=60"]
+    # Without MLflow: the steps would run beside rank 0's MLflow sender importing MLflow, on the two cores the ranks
+    # keep busy. Every step waits 30 ms off the CPU on both ranks, as a GPU step does: a busy machine's scheduling
+    # noise (about 1 ms a step with two CPU-bound processes beside the ranks, 12 % of a 7 ms CPU step) is then a
+    # small share of it. 60 steps: 15 log intervals, whose median holds when one rank is slowed for a few of them.
+    quiet = ["tracking.enabled=false", "--max-steps=60", "--step-ms=30"]
     timed = straggler_job(tmp_path / "timed", f"--save-weights={tmp_path / 'timed.pt'}", *quiet)
     untimed = straggler_job(
         tmp_path / "untimed", f"--save-weights={tmp_path / 'untimed.pt'}", "distributed.straggler=false", *quiet
