@@ -317,8 +317,10 @@ def test_a_rank_dying_inside_a_triggered_window_ends_the_job_without_a_hang(tmp_
     output_dir = tmp_path / "runs"
     output_dir.mkdir()
     flags = ["--devices=2", f"--output-dir={output_dir}", "--max-steps=120", "--batch-size=8"]
-    # rank 1 lags from step 30 (a window of 40 steps opens by step 40) and raises at step 60, inside it
-    faults = ["--slow-rank=1", "--slow-ms=30", "--slow-from-step=30", "--fail-on-rank=1", "--fail-at-step=60"]
+    # rank 1 lags from step 30 (a window of 40 steps opens by step 40) and raises at step 60, inside it; every step
+    # waits 30 ms off the CPU, as a GPU step does, so that a busy machine's noise does not hide the lag
+    faults = ["--step-ms=30", "--slow-rank=1", "--slow-ms=30", "--slow-from-step=30"]
+    faults += ["--fail-on-rank=1", "--fail-at-step=60"]
     overrides = ["log_every_n_steps=4", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
     triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false", "triggers.steps=40"]
     started = time.monotonic()
