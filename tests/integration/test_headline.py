@@ -88,12 +88,27 @@ def config(tmp_path: Path, *overrides: str) -> ProfilerConfig:
     )
 
 
-def own_figures(clock: BatchEnds, every: int) -> tuple[float, float]:
-    """samples/s and step ms over the steady intervals of the test's own clock, by the published definition."""
-    split = steady.split(clock.intervals(WARMUP, every))
-    batches = sum(interval.batches for interval in split.steady)
-    seconds = sum(interval.seconds for interval in split.steady)
+def own_figures(clock: BatchEnds, every: int, slow_steps: set[int] | None = None) -> tuple[float, float]:
+    """samples/s and step ms over the steady intervals of the test's own clock. The slow stretches are the ones the
+    profiler set apart (`slow_steps`, the global steps they end at) where given: an interval near the threshold
+    (1.5x the median) may fall on either side of it by two clocks; else the published definition decides."""
+    intervals = clock.intervals(WARMUP, every)
+    if slow_steps is None:
+        chosen = steady.split(intervals).steady
+    else:  # an interval ending at batch index `step` ends at global step `step + 1`
+        chosen = [interval for interval in intervals if interval.step + 1 not in slow_steps]
+    batches = sum(interval.batches for interval in chosen)
+    seconds = sum(interval.seconds for interval in chosen)
     return batches * BATCH / seconds, seconds / batches * 1000
+
+
+def slow_stretch_steps(run_dir: Path) -> set[int]:
+    """The global steps at which the intervals the profiler set apart as slow stretches end (report.json)."""
+    throughput = json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]
+    text = str(throughput.get("train/slow_stretch_intervals", ""))
+    return (
+        {int(step) for step in text.split("ending at step")[1].strip(" )").split(",")} if "ending at" in text else set()
+    )
 
 
 @pytest.mark.slow
@@ -111,7 +126,9 @@ def test_a_slow_start_is_set_apart_and_every_output_shows_the_same_steady_figure
     samples_per_sec = run.steady(names.TRAIN_SAMPLES_PER_SEC)
     step_ms = run.steady(names.TRAIN_STEP_MS)
     assert samples_per_sec is not None and step_ms is not None
-    own_rate, own_step_ms = own_figures(clock, LOG_EVERY)
+    slow_steps = slow_stretch_steps(run_dir)
+    assert WARMUP + LOG_EVERY in slow_steps  # the slow start's interval
+    own_rate, own_step_ms = own_figures(clock, LOG_EVERY, slow_steps)
     assert samples_per_sec == pytest.approx(own_rate, rel=AGREEMENT)
     assert step_ms == pytest.approx(own_step_ms, rel=AGREEMENT)
     assert samples_per_sec * step_ms / 1000 == pytest.approx(BATCH, rel=1e-6)  # one set of batches behind both
