@@ -10,7 +10,7 @@ from pathlib import Path
 
 from anemoi_profiler.reports.step_series import WARMUP
 from anemoi_profiler.run.clock import RankTotals
-from tests.helpers.clock_driver import ClockDriver
+from tests.helpers.clock_driver import ClockDriver, ManualTime
 
 
 def test_warmup_batches_are_left_out_and_intervals_close_every_n_batches(tmp_path: Path) -> None:
@@ -132,6 +132,48 @@ def test_another_ranks_own_work_is_taken_out_of_every_rank(tmp_path: Path) -> No
     (ranks,) = driver.recorder.ranks
     assert ranks is not None
     assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(2.0, 500.0), (2.0, 500.0)]
+
+
+def test_another_ranks_validation_own_work_stays_its_own(tmp_path: Path) -> None:
+    """Validation steps have no collective: rank 1 exported a trace for 2 s (its 2 batches took 2.25 s) while
+    rank 0's 2 batches took 0.25 s without waiting. Each loses its own work alone: 125 ms a batch on both."""
+    rank_1 = RankTotals(batches=2, samples=16, elapsed_s=2.25, own_work_s=2.0)
+    driver = ClockDriver(
+        tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0", exchange=OtherRankExchange(rank_1)
+    )
+    driver.clock.train_start()
+    driver.train_batches(0.5, 0.5)
+    driver.validation(0.125, 0.125)
+
+    assert ("val", 2, 2, 125.0) in driver.recorder.intervals
+    ranks = driver.recorder.ranks[-1]
+    assert ranks is not None
+    assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(0.25, 125.0), (0.25, 125.0)]
+
+
+class WaitingExchange(OtherRankExchange):
+    """A two-rank exchange in which this rank waits `wait_s` for the other before the gather returns."""
+
+    def __init__(self, other: RankTotals, time: ManualTime, wait_s: float) -> None:
+        super().__init__(other)
+        self.time, self.wait_s = time, wait_s
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        self.time.advance(self.wait_s)
+        return super().gather(values)
+
+
+def test_a_validation_exchanges_wait_is_the_profilers_own_work(tmp_path: Path) -> None:
+    """4 validation batches of 0.125 s, an exchange every 2: rank 0 waits 1 s in each exchange for rank 1. Without
+    the profiler validation's ranks would not meet, so the wait (in the next interval's time) is taken out."""
+    rank_1 = RankTotals(batches=2, samples=16, elapsed_s=0.25)
+    driver = ClockDriver(tmp_path, "log_every_n_steps=2", "throughput.warmup_steps=0")
+    driver.clock.exchange = WaitingExchange(rank_1, driver.time, wait_s=1.0)
+    driver.validation(0.125, 0.125, 0.125, 0.125)
+
+    assert driver.recorder.intervals == [("val", 0, 2, 125.0), ("val", 0, 2, 125.0)]
+    totals = driver.clock.totals["val"]
+    assert (totals.batches, totals.elapsed_s, totals.own_work_s) == (4, 0.5, 1.0)
 
 
 def test_step_durations_run_batch_end_to_batch_end_and_flag_the_warmup(tmp_path: Path) -> None:

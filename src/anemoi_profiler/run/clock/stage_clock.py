@@ -84,6 +84,7 @@ class StageClock:
         self.exchange = exchange
         self.gradient_sync = gradient_sync
         self._exchanges_allowed = exchanges_allowed
+        self._own_work = own_work
         self.meters = {stage: StageMeter(device, lambda: own_work.total_s, now) for stage in STAGES}
         self.totals = {stage: RankTotals() for stage in STAGES}
         # Every rank's totals over the intervals that all ranks exchanged: what is global after a rank failed.
@@ -236,16 +237,28 @@ class StageClock:
         for hook in self.train_exchanges if stage == "train" else ():
             hook.outgoing(control)
         # Every rank reaches this point at the same batch count, so the collective lines up.
-        gathered = self._gather(local, control)
+        if stage == "val" and self.exchange.world_size > 1:
+            with self._own_work.measure():  # validation's ranks meet only here: a wait the profiler adds
+                gathered = self._gather(local, control)
+        else:
+            gathered = self._gather(local, control)
         ranks, controls = gathered if gathered is not None else (None, None)
-        # The ranks wait for each other every step: the slowest rank's own work is in every rank's time, and so is
-        # the longest epoch start (the others wait for it in the epoch's first step): every rank's epoch start.
-        own_work_s = max(rank.own_work_s for rank in ranks) if ranks else local.own_work_s
-        epoch_start_s = max(rank.epoch_start_s for rank in ranks) if ranks else local.epoch_start_s
-        intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
-        for totals in (local, *(ranks or ())):
-            totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
-            totals.epoch_start_s = epoch_start_s
+        if ranks and stage == "train":
+            # The gradient all-reduce makes the ranks wait for each other every step: the slowest rank's own work
+            # is in every rank's time, and so is the longest epoch start (the others wait for it in the epoch's
+            # first step): every rank's epoch start.
+            own_work_s = max(rank.own_work_s for rank in ranks)
+            epoch_start_s = max(rank.epoch_start_s for rank in ranks)
+            for totals in (local, *ranks):
+                totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
+                totals.epoch_start_s = epoch_start_s
+            intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
+        else:
+            # Validation steps have no collective, so no rank waits for another's work (nor does a rank alone):
+            # each rank's own work is its own.
+            for totals in (local, *(ranks or ())):
+                totals.elapsed_s -= totals.own_work_s
+            intervals = _without_own_work(taken, local.own_work_s)
         self.totals[stage].add(local)
         if ranks:
             sums = self.exchanged[stage] or [RankTotals() for _ in ranks]
@@ -304,8 +317,9 @@ class StageClock:
 def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float) -> list[tuple[LogInterval, float]]:
     """Each interval's seconds less its share of `own_work_s`, dropping intervals that took no measurable time.
 
-    With one rank `own_work_s` is the intervals' own work, taken out interval by interval; what other ranks' work
-    and longer epoch starts added (all ranks wait for the slowest) is spread over the intervals by their length.
+    `own_work_s` is at least the intervals' own work, taken out interval by interval; in training, what other
+    ranks' work and longer epoch starts added (all ranks wait for the slowest) is spread over the intervals by their
+    length.
     """
     own = sum(interval.own_work_s for interval, _ in taken)
     measured = sum(seconds for _, seconds in taken)
