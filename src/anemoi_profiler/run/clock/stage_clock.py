@@ -249,10 +249,10 @@ class StageClock:
             # first step): every rank's epoch start.
             own_work_s = max(rank.own_work_s for rank in ranks)
             epoch_start_s = max(rank.epoch_start_s for rank in ranks)
+            intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
             for totals in (local, *ranks):
                 totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
                 totals.epoch_start_s = epoch_start_s
-            intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
         else:
             # Validation steps have no collective, so no rank waits for another's work (nor does a rank alone):
             # each rank's own work is its own.
