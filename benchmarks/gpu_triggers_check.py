@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
     import pytorch_lightning as pl
 
 from anemoi_profiler import ProfilerConfig, build_callbacks  # noqa: E402
-from anemoi_profiler.layout import WINDOWS_FILE, run_folders  # noqa: E402
+from anemoi_profiler.run_files.layout import WINDOWS_FILE, run_folders  # noqa: E402
 
 ARMED = "ours: simple preset, triggers armed"
 SIMPLE = "ours: simple preset"

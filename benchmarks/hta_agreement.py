@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from anemoi_profiler.cli.summarize import summarize_folder
+from anemoi_profiler.cli.summarize_command import summarize_folder
 
 
 def peak_rss_mb() -> float:

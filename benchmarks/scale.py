@@ -43,12 +43,12 @@ import torch
 import torch.distributed as dist
 from scale_system import run_system
 
+from anemoi_profiler.clock import RankTotals
+from anemoi_profiler.clock.intervals import ExchangeControl
+from anemoi_profiler.clock.rank_figures import collective_wait_figures, gap_figures, step_figures
+from anemoi_profiler.cluster.window_exchange import ROW_LENGTH
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.run.clock import RankTotals
-from anemoi_profiler.run.clock.intervals import ExchangeControl
-from anemoi_profiler.run.distributed import RankExchange, exchange_levels
-from anemoi_profiler.run.rank_figures import collective_wait_figures, gap_figures, step_figures
-from anemoi_profiler.run.window_exchange import ROW_LENGTH
+from anemoi_profiler.distributed.exchange import RankExchange, exchange_levels
 
 
 def sockets() -> int:

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from anemoi_profiler import names
-from anemoi_profiler.layout import SYSTEM_GPUS_FILE, SYSTEM_METRICS_DIR, SYSTEM_NODES_FILE
-from anemoi_profiler.reports.system_table import NodeSample, read_system_table
-from anemoi_profiler.run.clock import RankTotals
-from anemoi_profiler.run.clock.intervals import ExchangeControl
-from anemoi_profiler.run.distributed import RankExchange
+from anemoi_profiler.clock import RankTotals
+from anemoi_profiler.clock.intervals import ExchangeControl
+from anemoi_profiler.cluster.system_nodes import NodeRecorder, SystemExchange
+from anemoi_profiler.distributed.exchange import RankExchange
 from anemoi_profiler.run.session import ProfilerSession, open_sink
-from anemoi_profiler.run.system_nodes import NodeRecorder, SystemExchange
+from anemoi_profiler.run_files.layout import SYSTEM_GPUS_FILE, SYSTEM_METRICS_DIR, SYSTEM_NODES_FILE
+from anemoi_profiler.run_files.system_tables import NodeSample, read_system_table
 
 SENDER_TIMEOUT_S = 300.0
 """How long rank 0 waits at the end for the tracking sink's sender (it creates the sqlite store first)."""

@@ -144,7 +144,7 @@ def child(mode: str, events: int, trace: str) -> dict:
     elif mode == "kineto":
         return _kineto_per_event(events)
     elif mode == "summarize":
-        from anemoi_profiler.cli.summarize import summarize_folder
+        from anemoi_profiler.cli.summarize_command import summarize_folder
 
         def work() -> dict:
             table = summarize_folder(Path(trace).parent)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from anemoi_profiler.reports.gate import DRIFT_FLOOR_PCT, judge_slowdown
-from anemoi_profiler.reports.step_series import WARMUP
+from anemoi_profiler.run_files.steps_file import WARMUP
 
 THRESHOLD_PCT = 5.0
 WARMUP_STEPS = 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .callbacks import (
+from anemoi_profiler.callbacks import (
     HtaCallback,
     MemorySnapshotCallback,
     ModelSummaryCallback,
@@ -15,8 +15,8 @@ from .callbacks import (
     ThroughputCallback,
     TorchProfilerCallback,
 )
-from .config import ConfigSource, ProfilerConfig
-from .run.session import ProfilerSession
+from anemoi_profiler.config import ConfigSource, ProfilerConfig
+from anemoi_profiler.run.session import ProfilerSession
 
 
 def build_callbacks(

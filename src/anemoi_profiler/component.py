@@ -17,22 +17,22 @@ from typing import Any
 
 import torch
 
-from . import names
-from .config import ConfigError, ProfilerConfig
-from .layout import TRACES_DIR
-from .profiling.durations import DurationStats
-from .profiling.operator_reports import summarize_windows
-from .profiling.schedule import WindowSchedule
-from .profiling.traces import TracesUpload
-from .profiling.windows import ProfilingWindows
-from .report import ReportSection, RunReport
-from .run import run_page
-from .run.distributed import RankExchange
-from .run.environment import collect_environment
-from .run.folder import print_where_to_look, upload_folder, write_run_folder
-from .run.session import open_sink
-from .run.window_exchange import exchange_summaries, spread_metrics, write_tables
-from .tracking.uris import resolve_tracking_uri
+from anemoi_profiler import names
+from anemoi_profiler.cluster.window_exchange import exchange_summaries, spread_metrics, write_tables
+from anemoi_profiler.config import ConfigError, ProfilerConfig
+from anemoi_profiler.distributed.exchange import RankExchange
+from anemoi_profiler.profiling.durations import DurationStats
+from anemoi_profiler.profiling.operator_reports import summarize_windows
+from anemoi_profiler.profiling.schedule import WindowSchedule
+from anemoi_profiler.profiling.traces import TracesUpload
+from anemoi_profiler.profiling.windows import ProfilingWindows
+from anemoi_profiler.report_sections import ReportSection, RunReport
+from anemoi_profiler.run import run_page
+from anemoi_profiler.run.environment import collect_environment
+from anemoi_profiler.run.folder import print_where_to_look, upload_folder, write_run_folder
+from anemoi_profiler.run.spooled_sink import open_sink
+from anemoi_profiler.run_files.layout import TRACES_DIR
+from anemoi_profiler.tracking.uris import resolve_tracking_uri
 
 STAGE = "component"
 

@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from .config_sections import (
+from anemoi_profiler.config_sections import (
     ITEM_COUNTING,
     DistributedConfig,
     HtaConfig,

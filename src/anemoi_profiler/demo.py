@@ -18,11 +18,11 @@ except ImportError:  # pragma: no cover
     import pytorch_lightning as pl  # type: ignore[no-redef]  # checked against lightning's
     from pytorch_lightning.loggers import MLFlowLogger  # type: ignore[assignment]
 
-from .build import build_callbacks
-from .config import ConfigError, ProfilerConfig
-from .tracking.mlflow_target import experiment_id
-from .tracking.mlflow_versions import sqlite_store_problem
-from .tracking.uris import artifact_location_for, resolve_tracking_uri
+from anemoi_profiler.build import build_callbacks
+from anemoi_profiler.config import ConfigError, ProfilerConfig
+from anemoi_profiler.tracking.mlflow_target import experiment_id
+from anemoi_profiler.tracking.mlflow_versions import sqlite_store_problem
+from anemoi_profiler.tracking.uris import artifact_location_for, resolve_tracking_uri
 
 
 class SyntheticSequences(Dataset):

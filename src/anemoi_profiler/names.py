@@ -1,5 +1,5 @@
 """The MLflow metric names the profiler writes and reads (docs/metrics.md): writers, readers and tests import
-them from here, so that a name is spelled once. Names of files in the run folder live in `layout.py`.
+them from here, so that a name is spelled once. Names of files in the run folder live in `run_files/layout.py`.
 
 Fixed names are constants; names with a stage, rank, node or window in them come from the functions below.
 `system/...` names are MLflow's own (its System metrics tab shows them); their leaves are MLflow's too.

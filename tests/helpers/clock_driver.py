@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
+from anemoi_profiler.clock import BatchCounter, LogIntervalReport, OwnWorkClock, RankTotals, StageClock
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.run.clock import BatchCounter, LogIntervalReport, OwnWorkClock, RankTotals, StageClock
-from anemoi_profiler.run.distributed import RankExchange
-from anemoi_profiler.run.gradient_sync import GradientSyncTimer
+from anemoi_profiler.distributed.exchange import RankExchange
+from anemoi_profiler.distributed.gradient_sync import GradientSyncTimer
 
 
 class ManualTime:

@@ -14,7 +14,7 @@ import sys
 
 import torch.distributed as dist
 
-from anemoi_profiler.run.distributed import RankExchange
+from anemoi_profiler.distributed.exchange import RankExchange
 
 
 def threads() -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ddp_train.py"

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.run.clock import ExchangeControl, RankTotals
-from anemoi_profiler.run.distributed import RankExchange
-from anemoi_profiler.run.profiled_ranks import select_profiled_ranks
-from anemoi_profiler.run.triggers import TriggerWatch
+from anemoi_profiler.clock import ExchangeControl, RankTotals
+from anemoi_profiler.distributed.exchange import RankExchange
+from anemoi_profiler.distributed.profiled_ranks import select_profiled_ranks
+from anemoi_profiler.run.window_triggers import TriggerWatch
 from anemoi_profiler.triggers.requests import new_request, write_request
 
 PROCESSES = 3

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 from anemoi_profiler import SystemMetricsCallback, ThroughputCallback
 from anemoi_profiler.config import ConfigError
 from anemoi_profiler.integrations.anemoi import AnemoiProfiler, grid_points_counter, model_inputs
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import trainer
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)

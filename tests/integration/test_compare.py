@@ -11,10 +11,10 @@ from xml.etree import ElementTree
 import pytest
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.cli import compare as compare_command
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.cli import compare_command
 from anemoi_profiler.reports.compare import Difference, compare_runs, format_text
 from anemoi_profiler.reports.run_data import RunData, load_run
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 OVERRIDES = [

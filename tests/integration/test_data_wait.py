@@ -19,10 +19,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.clock import LoopTimer
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.run.clock import LoopTimer
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 BUSY_S = 0.025

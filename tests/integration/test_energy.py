@@ -15,11 +15,11 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.callbacks.system import SystemMetricsCallback
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
 from anemoi_profiler.measure.energy import EnergyShare, EnergyTally
 from anemoi_profiler.measure.nvidia import NO_ENERGY_COUNTER, NvidiaGpuResource
 from anemoi_profiler.measure.powercap import CpuPackageEnergy, why_no_cpu_energy
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.fake_gpus import FakeGpu, NVMLError, fake_nvml
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 

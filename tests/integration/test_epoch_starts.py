@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.clock import RankTotals
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.run.clock import RankTotals
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, example, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, trainer
 from tests.system.test_distributed import rank_0_of_two

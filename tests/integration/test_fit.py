@@ -14,8 +14,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.report import ReportSection, RunReport
+from anemoi_profiler.report_sections import ReportSection, RunReport
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)

@@ -19,13 +19,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.report import format_value
+from anemoi_profiler.report_sections import format_value
 from anemoi_profiler.reports import steady
 from anemoi_profiler.reports.compare import compare_runs, format_text
 from anemoi_profiler.reports.description import md
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 WARMUP = 3

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 

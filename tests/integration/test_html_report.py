@@ -18,12 +18,12 @@ from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.cli import report as report_command
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.cli import report_command
 from anemoi_profiler.reports.diagnosis import assess
 from anemoi_profiler.reports.html import render_html, write_html_report
 from anemoi_profiler.reports.plots import charts, figures, write_plot_files
 from anemoi_profiler.reports.run_data import RunData, load_run
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 PLANTED_OP = "<script>alert('op')</script>"

@@ -1,4 +1,4 @@
-"""The private Lightning names of `run/lightning_private.py`: each must exist on every installed Lightning
+"""The private Lightning names of `trainer/lightning_private.py`: each must exist on every installed Lightning
 namespace (or this fails, naming it), none is spelled anywhere else in src/, and where one is gone the fit goes
 on with one warning and the figure it fed not assessed."""
 
@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.run import lightning_private
-from anemoi_profiler.run.clock import is_compiled, loop_timer
+from anemoi_profiler.clock import is_compiled, loop_timer
+from anemoi_profiler.run_files.layout import run_folders
+from anemoi_profiler.trainer import lightning_private
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
@@ -58,7 +58,7 @@ def test_every_private_attribute_exists_on_the_installed_lightning(
     instance = instance_of(namespace, class_path, tmp_path)
     assert hasattr(instance, attribute), (
         f"{namespace} {installed.__version__}: {class_path} has no `{attribute}` any more; "
-        "anemoi_profiler/run/lightning_private.py reads it: adapt it to this Lightning"
+        "anemoi_profiler/trainer/lightning_private.py reads it: adapt it to this Lightning"
     )
 
 
@@ -105,7 +105,7 @@ def test_a_real_fit_calls_every_action_the_loop_timer_listens_for(namespace: str
     fit_trainer.fit(model, data, data)
 
     assert [action for action in EXPECTED if action not in seen] == [], (
-        f"{namespace} no longer calls these profiler actions; run/lightning_private.py listens for them"
+        f"{namespace} no longer calls these profiler actions; trainer/lightning_private.py listens for them"
     )
     hooks = [action for action in seen if action.startswith(lightning_private.CALLBACK_PREFIX)]
     assert any("OneHook" in action and action.endswith(".on_train_batch_end") for action in hooks), hooks
@@ -130,7 +130,7 @@ def test_no_other_module_reaches_a_private_lightning_name() -> None:
             )
             if reached:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert found == [], f"private Lightning names outside run/lightning_private.py: {found}"
+    assert found == [], f"private Lightning names outside trainer/lightning_private.py: {found}"
 
 
 def test_a_logger_without_its_private_attributes_still_names_its_store(

@@ -25,8 +25,8 @@ from anemoi_profiler.callbacks.model_summary import (
     summarize_model,
 )
 from anemoi_profiler.config import ProfilerConfig
-from anemoi_profiler.run.parallelism import detect_parallelism
-from anemoi_profiler.run.trainer_info import sharding_strategy
+from anemoi_profiler.distributed.parallelism import detect_parallelism
+from anemoi_profiler.trainer.trainer_info import sharding_strategy
 
 FEATURES = 6
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

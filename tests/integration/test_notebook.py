@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "hta_analysis.ipynb"

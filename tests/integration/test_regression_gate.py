@@ -17,11 +17,11 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.cli import compare as compare_command
-from anemoi_profiler.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
+from anemoi_profiler.cli import compare_command
 from anemoi_profiler.reports.comparability import allowed, differences
 from anemoi_profiler.reports.regression_gate import GateInputError, run_gate, verdict_lines
 from anemoi_profiler.reports.run_data import RunData, load_run
+from anemoi_profiler.run_files.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
 from tests.helpers.jobs import FAST, example, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 

@@ -17,10 +17,10 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, wait_for_mlflow
 from anemoi_profiler.callbacks import ProfilerCallback
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.report import ReportSection
+from anemoi_profiler.report_sections import ReportSection
 from anemoi_profiler.reports import diagnosis, run_data
 from anemoi_profiler.run.run_page import verdict_tag
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 

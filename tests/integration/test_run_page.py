@@ -17,10 +17,10 @@ from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.description import run_description
 from anemoi_profiler.reports.diagnosis import Verdict, assess
 from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.run_files.layout import run_folders
 from anemoi_profiler.tracking.mlflow_target import CUT_NOTE, MAX_TAG_VALUE_CHARS, SECTION_END, SECTION_START
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches

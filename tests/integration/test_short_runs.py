@@ -23,7 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
-from anemoi_profiler.run.markers import FirstCallbackMark, LastCallbackMark
+from anemoi_profiler.clock.markers import FirstCallbackMark, LastCallbackMark
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches, write_run_info

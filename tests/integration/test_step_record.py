@@ -8,8 +8,8 @@ import numpy as np
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.layout import STEPS_FILE, run_folders
-from anemoi_profiler.reports.step_series import (
+from anemoi_profiler.run_files.layout import STEPS_FILE, run_folders
+from anemoi_profiler.run_files.steps_file import (
     AFTER_OTHER_STAGE,
     CHECKPOINT,
     EPOCH_START,

@@ -15,9 +15,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, ThroughputCallback, build_callbacks
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.clock import batch_size_of
 from anemoi_profiler.measure.flops import dense_peak_flops
-from anemoi_profiler.run.clock import batch_size_of
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 

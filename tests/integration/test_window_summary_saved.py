@@ -15,8 +15,8 @@ import lightning.pytorch as pl
 import pytest
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
-from anemoi_profiler.layout import run_folders
-from anemoi_profiler.profiling import window_summaries
+from anemoi_profiler.profiling import window_summarizer as window_summaries
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)

@@ -23,9 +23,9 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, names
 from anemoi_profiler.callbacks.stage_callback import StageCallback
-from anemoi_profiler.reports.system_table import read_system_table
-from anemoi_profiler.run.clock import LogIntervalReport, RankTotals, StageClock
-from anemoi_profiler.run.gradient_sync import GradientSyncTimer
+from anemoi_profiler.clock import LogIntervalReport, RankTotals, StageClock
+from anemoi_profiler.distributed.gradient_sync import GradientSyncTimer
+from anemoi_profiler.run_files.system_tables import read_system_table
 from tests.helpers.jobs import (
     BATCH_SIZE,
     FAST,

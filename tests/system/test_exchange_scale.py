@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from anemoi_profiler import names
-from anemoi_profiler.run.distributed import FAN_OUT, exchange_levels
+from anemoi_profiler.distributed.exchange import FAN_OUT, exchange_levels
 from tests.helpers.jobs import job_environment
 
 SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"

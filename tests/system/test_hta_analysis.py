@@ -29,7 +29,7 @@ from anemoi_profiler.analysis.hta_worker import (
     misclassified_nccl_kernels,
     run_plan,
 )
-from anemoi_profiler.cli.analyze import run_analyze
+from anemoi_profiler.cli.analyze_command import run_analyze
 from anemoi_profiler.cli.main import main
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
@@ -235,7 +235,7 @@ def test_cli_exit_codes_for_missing_folder_and_folder_without_traces(
 def test_cli_without_hta_names_the_extra_and_package_imports_without_it(traces: Path, tmp_path: Path) -> None:
     script = (
         "import sys; sys.modules['hta'] = None\n"
-        "from anemoi_profiler.cli.analyze import run_analyze\n"
+        "from anemoi_profiler.cli.analyze_command import run_analyze\n"
         f"sys.exit(run_analyze({str(traces / 'hta_sampled_2rank')!r}, {str(tmp_path)!r}, 60))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

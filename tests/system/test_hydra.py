@@ -14,7 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import names
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hydra" / "train.py"

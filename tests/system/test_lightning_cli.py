@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import StepTimingCallback, SystemMetricsCallback, ThroughputCallback, names
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_cli"

@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.run.folder import print_where_to_look
+from anemoi_profiler.run_files.layout import run_folders
 from anemoi_profiler.tracking import resolve_tracking_uri
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches

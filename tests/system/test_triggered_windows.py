@@ -18,7 +18,12 @@ import torch
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import (
+from anemoi_profiler.profiling.traces import read_trace
+from anemoi_profiler.reports.description import run_description
+from anemoi_profiler.reports.diagnosis import assess
+from anemoi_profiler.reports.plots import window_marks
+from anemoi_profiler.reports.run_data import load_run
+from anemoi_profiler.run_files.layout import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
     REQUEST_FILE,
@@ -27,11 +32,6 @@ from anemoi_profiler.layout import (
     spool_dirs,
     trace_path,
 )
-from anemoi_profiler.profiling.traces import read_trace
-from anemoi_profiler.reports.description import run_description
-from anemoi_profiler.reports.diagnosis import assess
-from anemoi_profiler.reports.plots import window_marks
-from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.tracking.spool import read_run_info
 from anemoi_profiler.triggers.requests import read_request
 from tests.helpers.jobs import (

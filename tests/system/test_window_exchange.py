@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler import names
-from anemoi_profiler.cli.summarize import summarize_folder
-from anemoi_profiler.layout import METRICS_FILE, kernel_names_path, window_dir, window_summary_path
+from anemoi_profiler.cli.summarize_command import summarize_folder
+from anemoi_profiler.cluster.window_exchange import exchange_bytes, exchange_summaries, spread_metrics
+from anemoi_profiler.distributed.exchange import RankExchange
 from anemoi_profiler.profiling.window_events import DEVICE, LAUNCH, STEP, WindowEventsBuilder
-from anemoi_profiler.profiling.window_summaries import write_kernel_names
+from anemoi_profiler.profiling.window_summarizer import write_kernel_names
 from anemoi_profiler.profiling.window_summary import VECTOR_LENGTH, summarize
-from anemoi_profiler.run.distributed import RankExchange
-from anemoi_profiler.run.window_exchange import exchange_bytes, exchange_summaries, spread_metrics
+from anemoi_profiler.run_files.layout import METRICS_FILE, kernel_names_path, window_dir, window_summary_path
 from tests.helpers.jobs import FAST, SMALL_WINDOWS, example, only_run, only_run_folder, run_ok
 
 

@@ -14,12 +14,12 @@ import torch
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.callbacks.system import SystemMetricsCallback
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure import nvidia
 from anemoi_profiler.measure.amd import AmdGpuResource
 from anemoi_profiler.measure.nvidia import NvidiaGpuResource
 from anemoi_profiler.measure.powercap import CpuPackageEnergy
 from anemoi_profiler.measure.visible_devices import rocm_visible_gpu_uuids
+from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.fake_gpus import RESOLUTION_UJ, AmdSmiRelease, FakeGpu, fake_amdsmi, fake_nvml
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from anemoi_profiler import layout
+from anemoi_profiler.run_files import layout
 from tests.conftest import FIXTURES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "anemoi_profiler"
@@ -79,7 +79,7 @@ def test_run_folder_file_names_are_spelled_only_in_layout() -> None:
     }
     spelled = []
     for name, path in MODULES.items():
-        if name == "anemoi_profiler.layout":
+        if name == "anemoi_profiler.run_files.layout":
             continue
         tree = SYNTAX_TREES[path]
         docstrings = {
@@ -140,13 +140,13 @@ def test_metric_names_are_spelled_only_in_the_names_module() -> None:
 
 def test_reports_read_files_and_never_import_the_profiling_machinery() -> None:
     """reports/ renders what a run folder holds (torch-free, the same later from `anemoi-profiler report`)."""
-    below = ("anemoi_profiler.profiling", "anemoi_profiler.run", "anemoi_profiler.callbacks")
+    machinery = ("profiling", "run", "clock", "postmortem", "distributed", "cluster", "trainer", "callbacks")
     found = {
         f"{name} -> {imported}"
         for name in MODULES
         if name.startswith("anemoi_profiler.reports")
         for imported in imported_modules(name)
-        if imported.startswith(below)
+        if imported.split(".")[1] in machinery
     }
     assert not found, found
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from anemoi_profiler.run.clock import BatchGaps, LoopTimer, OwnWorkClock
-from anemoi_profiler.run.clock.intervals import GapTimes
-from anemoi_profiler.run.lightning_private import CALLBACK_PREFIX, TRAIN_FETCH
+from anemoi_profiler.clock import BatchGaps, LoopTimer, OwnWorkClock
+from anemoi_profiler.clock.intervals import GapTimes
+from anemoi_profiler.trainer.lightning_private import CALLBACK_PREFIX, TRAIN_FETCH
 from tests.helpers.clock_driver import ClockDriver, ManualTime
 
 

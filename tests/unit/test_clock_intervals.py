@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from anemoi_profiler.run.clock import RankTotals, StageMeter
+from anemoi_profiler.clock import RankTotals, StageMeter
 from tests.helpers.clock_driver import ManualTime
 
 CPU = torch.device("cpu")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anemoi_profiler.reports.step_series import WARMUP
-from anemoi_profiler.run.clock import RankTotals
+from anemoi_profiler.clock import RankTotals
+from anemoi_profiler.run_files.steps_file import WARMUP
 from tests.helpers.clock_driver import ClockDriver, ManualTime
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler import names
+from anemoi_profiler.cluster.system_nodes import decode, encode, row_length
 from anemoi_profiler.reports.cluster_view import NOT_AN_OUTLIER, cluster_view, nodes_section
 from anemoi_profiler.reports.compare import compare_runs
 from anemoi_profiler.reports.run_data import load_run
-from anemoi_profiler.reports.system_table import NodeSample, SystemTableWriter, read_node_means, read_system_table
-from anemoi_profiler.run.system_nodes import decode, encode, row_length
+from anemoi_profiler.run_files.system_tables import NodeSample, SystemTableWriter, read_node_means, read_system_table
 
 
 def node(index: int, cpu: float, gpus: dict[int, float] | None = None, step: int = 40) -> NodeSample:

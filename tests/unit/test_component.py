@@ -11,10 +11,10 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ConfigError, ProfilerConfig, names
-from anemoi_profiler.cli import component as component_command
+from anemoi_profiler.cli import component_command
 from anemoi_profiler.component import profile_component
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.profiling.traces import read_trace
+from anemoi_profiler.run_files.layout import run_folders
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT_WINDOWS = [

@@ -17,8 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.cli.summarize import summarize_folder
-from anemoi_profiler.layout import run_folders, window_summary_path
+from anemoi_profiler.cli.summarize_command import summarize_folder
 from anemoi_profiler.reports import steady
 from anemoi_profiler.reports.diagnosis import (
     NotAssessed,
@@ -34,6 +33,7 @@ from anemoi_profiler.reports.diagnosis import (
     slow_rank,
 )
 from anemoi_profiler.reports.run_data import RunData, RunFolderError, load_run
+from anemoi_profiler.run_files.layout import run_folders, window_summary_path
 from tests.helpers.lightning_models import SlowSamples, TinyRegressor, loaders, trainer
 
 H200 = {"accelerator": "CUDAAccelerator", "devices": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 150_000}]}

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anemoi_profiler.layout import HELD_SUFFIX, trace_path, window_summary_path
+from anemoi_profiler.cluster.flagged_traces import FLAG_FIELDS, flagged_ranks, keeps_trace, settle_held_traces
 from anemoi_profiler.profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH
 from anemoi_profiler.profiling.window_table import WindowTable
-from anemoi_profiler.run.flagged_traces import FLAG_FIELDS, flagged_ranks, keeps_trace, settle_held_traces
+from anemoi_profiler.run_files.layout import HELD_SUFFIX, trace_path, window_summary_path
 from tests.helpers.jobs import FAST, SMALL_WINDOWS, example, only_run_folder, run_ok
 
 

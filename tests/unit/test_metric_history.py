@@ -6,7 +6,7 @@ from pathlib import Path
 
 from anemoi_profiler import names
 from anemoi_profiler.reports.run_data import read_history
-from anemoi_profiler.run.metric_history import MetricHistory
+from anemoi_profiler.run_files.metrics_file import MetricHistory
 
 
 def test_history_stays_bounded_over_100k_steps_and_keeps_the_ends(tmp_path: Path) -> None:

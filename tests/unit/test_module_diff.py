@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from anemoi_profiler.layout import trace_path
 from anemoi_profiler.reports.module_diff import ModuleTimes, diff, module_times
+from anemoi_profiler.run_files.layout import trace_path
 
 
 def python_event(name: str, ts: float, dur: float, own_id: int, parent_id: int) -> dict[str, Any]:

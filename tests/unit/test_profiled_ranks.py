@@ -8,7 +8,7 @@ import pytest
 
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.config import ConfigError
-from anemoi_profiler.run.profiled_ranks import MOST_RANKS, describe_ranks, select_profiled_ranks
+from anemoi_profiler.distributed.profiled_ranks import MOST_RANKS, describe_ranks, select_profiled_ranks
 
 
 def hosts_of(world_size: int, ranks_per_node: int) -> list[str]:

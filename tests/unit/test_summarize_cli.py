@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import CONFIG_FILE, ENVIRONMENT_FILE, trace_path
+from anemoi_profiler.run_files.layout import CONFIG_FILE, ENVIRONMENT_FILE, trace_path
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from anemoi_profiler.layout import kernel_names_path, window_summary_path
-from anemoi_profiler.profiling import window_summaries
-from anemoi_profiler.profiling.window_summaries import WindowSummaries
-from anemoi_profiler.run import window_exchange
-from anemoi_profiler.run.clock import ExchangeControl, RankTotals
+from anemoi_profiler.clock import ExchangeControl, RankTotals
+from anemoi_profiler.cluster import window_exchange
+from anemoi_profiler.cluster.window_exchange import WindowExchange
+from anemoi_profiler.profiling import window_summarizer as window_summaries
+from anemoi_profiler.profiling.window_summarizer import WindowSummaries
 from anemoi_profiler.run.session import ProfilerSession
-from anemoi_profiler.run.window_exchange import WindowExchange
+from anemoi_profiler.run_files.layout import kernel_names_path, window_summary_path
 
 
 def _profiled_window() -> Any:

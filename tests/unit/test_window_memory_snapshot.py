@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from anemoi_profiler import ProfilerConfig
-from anemoi_profiler.run.clock import ExchangeControl, RankTotals
-from anemoi_profiler.run.distributed import RankExchange
-from anemoi_profiler.run.triggers import TriggerWatch, window_entries, windows_section
+from anemoi_profiler.clock import ExchangeControl, RankTotals
+from anemoi_profiler.distributed.exchange import RankExchange
+from anemoi_profiler.run.window_triggers import TriggerWatch, window_entries, windows_section
 
 
 def test_the_memory_trigger_plans_a_snapshot_on_the_climbing_rank_not_assessed_on_cpu(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from anemoi_profiler.cli.summarize import summarize_folder
+from anemoi_profiler.cli.summarize_command import summarize_folder
 from anemoi_profiler.profiling.window_table import WindowTable
 from tests.conftest import FIXTURES
 

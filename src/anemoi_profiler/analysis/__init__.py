@@ -7,14 +7,14 @@ analyses the traces support within a time limit and writes `summary.json`.
 
 from __future__ import annotations
 
-from .hta_runner import (
+from anemoi_profiler.analysis.hta_runner import (
     HtaNotInstalledError,
     analyze,
     analyze_window,
     format_summary,
     plan_analyses,
 )
-from .preflight import (
+from anemoi_profiler.analysis.preflight import (
     NoTracesError,
     TraceError,
     WindowCheck,

@@ -27,12 +27,10 @@ from typing import Any
 
 import psutil
 
-from .. import names
-from ..layout import HTA_SUMMARY_FILE
-from ..report import MB
-from . import hta_worker
-from .hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
-from .preflight import (
+from anemoi_profiler import names
+from anemoi_profiler.analysis import hta_worker
+from anemoi_profiler.analysis.hta_worker import ANALYSIS_NAMES, LOAD_STEP, PROGRESS_FILE, TABLE_NAMES
+from anemoi_profiler.analysis.preflight import (
     NoTracesError,
     WindowCheck,
     check_window,
@@ -40,6 +38,8 @@ from .preflight import (
     format_ranks,
     window_name,
 )
+from anemoi_profiler.report_sections import MB
+from anemoi_profiler.run_files.layout import HTA_SUMMARY_FILE
 
 HTA_INSTALL_HINT = 'pip install "anemoi-profiler[hta]"'
 DEFAULT_TIME_LIMIT_S = 300.0

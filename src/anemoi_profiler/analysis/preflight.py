@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, TRACES_DIR
+from anemoi_profiler.run_files.layout import CONFIG_FILE, ENVIRONMENT_FILE, HTA_DIR, TRACES_DIR
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 

@@ -4,15 +4,15 @@ Extension points: subclass `ProfilerCallback` (decorate hooks with `guarded`) fo
 `StageCallback` for metrics per log interval from the session's shared stage clock (docs/extending.md).
 """
 
-from .base import ProfilerCallback, guarded
-from .hta import HtaCallback
-from .memory_snapshot import MemorySnapshotCallback
-from .model_summary import ModelSummaryCallback
-from .stage_callback import StageCallback
-from .system import SystemMetricsCallback
-from .throughput import ThroughputCallback
-from .timing import StepTimingCallback
-from .torch_profiler import TorchProfilerCallback
+from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.callbacks.hta import HtaCallback
+from anemoi_profiler.callbacks.memory_snapshot import MemorySnapshotCallback
+from anemoi_profiler.callbacks.model_summary import ModelSummaryCallback
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.callbacks.system import SystemMetricsCallback
+from anemoi_profiler.callbacks.throughput import ThroughputCallback
+from anemoi_profiler.callbacks.timing import StepTimingCallback
+from anemoi_profiler.callbacks.torch_profiler import TorchProfilerCallback
 
 __all__ = [
     "HtaCallback",

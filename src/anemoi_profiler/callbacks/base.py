@@ -10,11 +10,11 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..config import ConfigSource, ProfilerConfig
-from ..logs import get_logger
-from ..report import ReportSection
-from ..run.lightning_callback import Callback
-from ..run.session import ProfilerSession
+from anemoi_profiler.config import ConfigSource, ProfilerConfig
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.run.session import ProfilerSession
+from anemoi_profiler.trainer.callback_base import Callback
 
 log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])

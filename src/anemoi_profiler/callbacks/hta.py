@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..analysis import HtaNotInstalledError, NoTracesError, TraceError, analyze
-from ..layout import HTA_DIR, HTA_SUMMARY_FILE
-from ..logs import get_logger
-from ..report import ReportSection
-from ..run import trainer_info
-from .base import ProfilerCallback
+from anemoi_profiler.analysis import HtaNotInstalledError, NoTracesError, TraceError, analyze
+from anemoi_profiler.callbacks.base import ProfilerCallback
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.run_files.layout import HTA_DIR, HTA_SUMMARY_FILE
+from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 

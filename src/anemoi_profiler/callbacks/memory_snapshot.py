@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import names
-from ..layout import snapshot_path
-from ..logs import get_logger
-from ..measure.snapshot_reader import summarize_snapshot
-from ..profiling.torch_private import memory_snapshot, record_memory_history, stop_memory_history
-from ..report import GB, MB, ReportSection
-from ..run import trainer_info
-from .base import ProfilerCallback, guarded
+from anemoi_profiler import names
+from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.measure.snapshot_reader import summarize_snapshot
+from anemoi_profiler.profiling.torch_private import memory_snapshot, record_memory_history, stop_memory_history
+from anemoi_profiler.report_sections import GB, MB, ReportSection
+from anemoi_profiler.run_files.layout import snapshot_path
+from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 

@@ -8,7 +8,7 @@ precision context. Afterwards every submodule's train/eval flag and the CPU and 
 dtypes and devices are never changed (torchinfo is always given the input, so it moves nothing), no
 gradients are made and torchinfo's hooks are removed. State a forward pass mutates by itself, outside
 parameters, BatchNorm-style buffers and the RNG (counters, caches, `self.log`), is not rolled back. A
-compiled model runs it eagerly (`run.clock.eager`): it adds no graph, recompile or graph break to the training's.
+compiled model runs it eagerly (`clock.eager`): it adds no graph, recompile or graph break to the training's.
 
 How the model is called from a batch (the first call that matches `forward`'s signature and runs wins):
 - `input_fn(batch)` when given: a tuple is passed as positional arguments, a dict as keyword arguments,
@@ -36,15 +36,15 @@ import torchinfo
 from torch import nn
 from torchinfo import torchinfo as torchinfo_module
 
-from ..config import ConfigSource, ProfilerConfig
-from ..layout import MODEL_SUMMARY_FILE
-from ..logs import get_logger
-from ..report import ReportSection
-from ..run import trainer_info
-from ..run.clock import eager
-from ..run.parallelism import GROUP_ATTRIBUTES, Parallelism
-from ..run.session import ProfilerSession
-from .base import ProfilerCallback, guarded
+from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.clock import eager
+from anemoi_profiler.config import ConfigSource, ProfilerConfig
+from anemoi_profiler.distributed.parallelism import GROUP_ATTRIBUTES, Parallelism
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.run.session import ProfilerSession
+from anemoi_profiler.run_files.layout import MODEL_SUMMARY_FILE
+from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 

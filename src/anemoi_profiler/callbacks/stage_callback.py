@@ -1,7 +1,7 @@
 """The base of callbacks that turn the session's training and validation log intervals into metrics.
 
 Every such callback of a session listens to one `StageClock`, which one internal callback drives from
-Lightning's hooks (`run.clock_callback`: the session puts it into the trainer's list when the first listener
+Lightning's hooks (`clock.clock_callback`: the session puts it into the trainer's list when the first listener
 joins).
 The interval callbacks define no batch hook and measure nothing per batch: what they need measured, they ask
 the clock for when the session starts (how to count samples, memory peaks); per log interval they receive one
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..run.clock import LogIntervalReport, RankTotals, StageMeter
-from .base import ProfilerCallback
+from anemoi_profiler.callbacks.base import ProfilerCallback
+from anemoi_profiler.clock import LogIntervalReport, RankTotals, StageMeter
 
 
 class StageCallback(ProfilerCallback):

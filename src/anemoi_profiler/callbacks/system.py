@@ -3,7 +3,7 @@
 One sampler per node (local rank 0), in a background thread; each sample is logged at the training
 `global_step` current when it was taken, so system and training curves share an axis. NVIDIA GPUs are read
 through NVML, AMD GPUs (torch on ROCm) through amdsmi. Rank 0 logs its node under MLflow's own names and the
-cluster's view of every node; the per-node, per-GPU detail goes to the run folder (`run.system_nodes`).
+cluster's view of every node; the per-node, per-GPU detail goes to the run folder (`cluster.system_nodes`).
 
 Energy per sample: each sample's per-interval energy goes into a tally that keeps apart the intervals lying
 wholly in the training steady state (read from the session's stage clock by the sampler thread: one
@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from .. import names
-from ..measure.energy import EnergyShare, EnergyTally
-from ..measure.resource import GpuResource
-from ..measure.system_metrics import SystemMetricsSampler
-from ..report import ReportSection
-from ..reports.cluster_view import nodes_section
-from ..reports.system_table import NodeSample
-from ..run import trainer_info
-from ..run.system_nodes import NodeRecorder, SystemExchange
-from .base import ProfilerCallback, guarded
+from anemoi_profiler import names
+from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.cluster.system_nodes import NodeRecorder, SystemExchange
+from anemoi_profiler.measure.energy import EnergyShare, EnergyTally
+from anemoi_profiler.measure.resource import GpuResource
+from anemoi_profiler.measure.system_metrics import SystemMetricsSampler
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.reports.cluster_view import nodes_section
+from anemoi_profiler.run_files.system_tables import NodeSample
+from anemoi_profiler.trainer import trainer_info
 
 
 class SystemMetricsCallback(ProfilerCallback):

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from .. import names
-from ..config import ConfigError, ConfigSource, ProfilerConfig
-from ..measure.flops import dense_peak_flops
-from ..report import ReportSection
-from ..reports import steady
-from ..run import trainer_info
-from ..run.clock import STAGES, BatchCounter, FirstStepFlops, LogIntervalReport, RankTotals, is_compiled
-from ..run.rank_figures import rank_waited_for
-from ..run.session import ProfilerSession
-from .stage_callback import StageCallback
+from anemoi_profiler import names
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.clock import STAGES, BatchCounter, FirstStepFlops, LogIntervalReport, RankTotals, is_compiled
+from anemoi_profiler.clock.rank_figures import rank_waited_for
+from anemoi_profiler.config import ConfigError, ConfigSource, ProfilerConfig
+from anemoi_profiler.measure.flops import dense_peak_flops
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.reports import steady
+from anemoi_profiler.run.session import ProfilerSession
+from anemoi_profiler.trainer import trainer_info
 
 
 def import_function(path: str) -> Callable[..., Any]:
@@ -82,7 +82,7 @@ class ThroughputCallback(StageCallback):
     @property
     def flops_per_sample(self) -> float | None:
         """This rank's share of a sample's FLOPs: a configured figure is the whole model's, split over a replica's
-        ranks; a counted one (on the first training step, see `run.clock.step_flops`) is already what this rank
+        ranks; a counted one (on the first training step, see `clock.step_flops`) is already what this rank
         computes. None when unknown."""
         return self.clock.flops_per_sample or None
 

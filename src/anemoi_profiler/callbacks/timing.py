@@ -1,6 +1,6 @@
 """Step time, dataloader and collective waits, and peak memory per log interval.
 
-The stage clock measures them all (memory peaks once this callback asks for them, see `run.clock.memory_peaks`);
+The stage clock measures them all (memory peaks once this callback asks for them, see `clock.memory_peaks`);
 this callback logs them per log interval and sums them up at the end.
 """
 
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import names
-from ..report import ReportSection
-from ..reports import steady
-from ..run import trainer_info
-from ..run.clock import STAGES, LogIntervalReport, MemoryPeaks, RankTotals
-from ..run.rank_figures import (
+from anemoi_profiler import names
+from anemoi_profiler.callbacks.stage_callback import StageCallback
+from anemoi_profiler.clock import STAGES, LogIntervalReport, MemoryPeaks, RankTotals
+from anemoi_profiler.clock.rank_figures import (
     collective_wait_figures,
     describe_ranks,
     gap_figures,
@@ -21,7 +19,9 @@ from ..run.rank_figures import (
     rank_waited_for,
     step_figures,
 )
-from .stage_callback import StageCallback
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.reports import steady
+from anemoi_profiler.trainer import trainer_info
 
 
 class StepTimingCallback(StageCallback):

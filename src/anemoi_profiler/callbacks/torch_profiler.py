@@ -12,24 +12,31 @@ import math
 import time
 from typing import Any
 
-from ..config import ConfigSource, ProfilerConfig
-from ..layout import TRACES_DIR, window_snapshot_path
-from ..logs import get_logger
-from ..profiling.operator_reports import summarize_windows
-from ..profiling.recorder import WindowRecorder
-from ..profiling.schedule import WindowSchedule
-from ..profiling.traces import TracesUpload
-from ..profiling.windows import ProfilingWindows
-from ..report import ReportSection, format_value
-from ..reports.step_series import PROFILED
-from ..run import trainer_info
-from ..run.clock import STAGES, unwrapped
-from ..run.session import ProfilerSession
-from ..run.triggers import TRIGGERS_TAG, TriggerWatch, WindowPlan, window_entries, windows_section, write_windows
-from ..run.window_exchange import WindowExchange, window_section
-from ..triggers.requests import SERVED_TAG, served_tag
-from .base import ProfilerCallback, guarded
-from .memory_snapshot import WindowSnapshot
+from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.callbacks.memory_snapshot import WindowSnapshot
+from anemoi_profiler.clock import STAGES, unwrapped
+from anemoi_profiler.cluster.window_exchange import WindowExchange, window_section
+from anemoi_profiler.config import ConfigSource, ProfilerConfig
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.profiling.operator_reports import summarize_windows
+from anemoi_profiler.profiling.schedule import WindowSchedule
+from anemoi_profiler.profiling.stage_profile import WindowRecorder
+from anemoi_profiler.profiling.traces import TracesUpload
+from anemoi_profiler.profiling.windows import ProfilingWindows
+from anemoi_profiler.report_sections import ReportSection, format_value
+from anemoi_profiler.run.session import ProfilerSession
+from anemoi_profiler.run.window_triggers import (
+    TRIGGERS_TAG,
+    TriggerWatch,
+    WindowPlan,
+    window_entries,
+    windows_section,
+    write_windows,
+)
+from anemoi_profiler.run_files.layout import TRACES_DIR, window_snapshot_path
+from anemoi_profiler.run_files.steps_file import PROFILED
+from anemoi_profiler.trainer import trainer_info
+from anemoi_profiler.triggers.requests import SERVED_TAG, served_tag
 
 log = get_logger(__name__)
 

@@ -6,8 +6,16 @@ import argparse
 import logging
 import sys
 
-from ..config import ConfigError
-from . import analyze, compare, component, config, demo, report, request, summarize, sync
+from anemoi_profiler.cli import analyze_command as analyze
+from anemoi_profiler.cli import compare_command as compare
+from anemoi_profiler.cli import component_command as component
+from anemoi_profiler.cli import config_command as config
+from anemoi_profiler.cli import demo_command as demo
+from anemoi_profiler.cli import report_command as report
+from anemoi_profiler.cli import request_command as request
+from anemoi_profiler.cli import summarize_command as summarize
+from anemoi_profiler.cli import sync_command as sync
+from anemoi_profiler.config import ConfigError
 
 COMMANDS = (demo, component, report, compare, config, analyze, summarize, sync, request)
 

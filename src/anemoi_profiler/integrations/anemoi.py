@@ -15,10 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..build import build_callbacks
-from ..callbacks.base import Callback, ProfilerCallback
-from ..config import PRESETS, ConfigError, ProfilerConfig, preset_path
-from ..logs import get_logger
+from anemoi_profiler.build import build_callbacks
+from anemoi_profiler.callbacks.base import Callback, ProfilerCallback
+from anemoi_profiler.config import PRESETS, ConfigError, ProfilerConfig, preset_path
+from anemoi_profiler.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .resource import LOGGER, GpuResource, gpu_metric
-from .visible_devices import rocm_visible_gpu_uuids
+from anemoi_profiler.measure.resource import LOGGER, GpuResource, gpu_metric
+from anemoi_profiler.measure.visible_devices import rocm_visible_gpu_uuids
 
 MIB = 2**20  # amdsmi reports VRAM in MiB
 MICRO = 1e-6

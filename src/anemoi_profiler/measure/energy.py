@@ -13,8 +13,8 @@ import re
 from collections import defaultdict
 from dataclasses import astuple, dataclass
 
-from .. import names
-from .powercap import why_no_cpu_energy
+from anemoi_profiler import names
+from anemoi_profiler.measure.powercap import why_no_cpu_energy
 
 GPU_ENERGY = re.compile(r"^gpu_\d+_energy_joules$")
 CPU_ENERGY = "cpu_energy_joules"

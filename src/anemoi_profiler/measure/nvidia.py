@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..report import MB
-from .resource import LOGGER, GpuResource, gpu_metric
-from .visible_devices import visible_gpu_uuids
+from anemoi_profiler.measure.resource import LOGGER, GpuResource, gpu_metric
+from anemoi_profiler.measure.visible_devices import visible_gpu_uuids
+from anemoi_profiler.report_sections import MB
 
 try:
     import pynvml

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from .resource import LOGGER, SystemResource
+from anemoi_profiler.measure.resource import LOGGER, SystemResource
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
 _PACKAGE_ZONE = re.compile(r"^intel-rapl:\d+$")

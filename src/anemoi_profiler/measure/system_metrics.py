@@ -19,12 +19,12 @@ from typing import Any
 
 import psutil
 
-from .. import names
-from ..report import MB
-from .amd import AmdGpuResource
-from .nvidia import NvidiaGpuResource
-from .powercap import POWERCAP_ROOT, CpuPackageEnergy
-from .resource import SystemResource
+from anemoi_profiler import names
+from anemoi_profiler.measure.amd import AmdGpuResource
+from anemoi_profiler.measure.nvidia import NvidiaGpuResource
+from anemoi_profiler.measure.powercap import POWERCAP_ROOT, CpuPackageEnergy
+from anemoi_profiler.measure.resource import SystemResource
+from anemoi_profiler.report_sections import MB
 
 LOGGER = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..logs import get_logger
-from ..report import MB
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.report_sections import MB
 
 log = get_logger(__name__)
 

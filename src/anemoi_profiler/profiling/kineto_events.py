@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .torch_private import kineto_events_have_activity_type
-from .trace_stream import read_window_events
-from .window_events import (
+from anemoi_profiler.profiling.torch_private import kineto_events_have_activity_type
+from anemoi_profiler.profiling.trace_stream import read_window_events
+from anemoi_profiler.profiling.window_events import (
     CPU_OP,
     DEVICE,
     DEVICE_CATEGORIES,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..report import MB
+from anemoi_profiler.report_sections import MB
 
 US_PER_MS = 1000.0
 STEP_MARKER = "ProfilerStep*"

@@ -12,11 +12,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import names
-from ..layout import MEMORY_REPORT, TIME_REPORT, TRACES_DIR
-from ..report import ReportSection, format_value, plain_table
-from .device_memory import StepMemory
-from .op_tables import (
+from anemoi_profiler import names
+from anemoi_profiler.profiling.device_memory import StepMemory
+from anemoi_profiler.profiling.op_tables import (
     MEMORY_EXPLANATION,
     OperatorStats,
     WindowOperators,
@@ -26,8 +24,10 @@ from .op_tables import (
     top_by_memory,
     top_by_time,
 )
-from .traces import traces_mb
-from .windows import ProfilingWindows
+from anemoi_profiler.profiling.traces import traces_mb
+from anemoi_profiler.profiling.windows import ProfilingWindows
+from anemoi_profiler.report_sections import ReportSection, format_value, plain_table
+from anemoi_profiler.run_files.layout import MEMORY_REPORT, TIME_REPORT, TRACES_DIR
 
 _WINDOW_COLUMNS = ("stage", "window", "steps", "rank")
 _TIME_CELLS = {"self_cpu_ms": "self CPU ms", "cpu_total_ms": "CPU total ms"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config_sections import WindowConfig
+from anemoi_profiler.config_sections import WindowConfig
 
 
 @dataclass(frozen=True)

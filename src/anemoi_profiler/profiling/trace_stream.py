@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from .window_events import WindowEvents, WindowEventsBuilder
+from anemoi_profiler.profiling.window_events import WindowEvents, WindowEventsBuilder
 
 _CHUNK_CHARS = 1 << 20
 _EVENTS_KEY = '"traceEvents"'

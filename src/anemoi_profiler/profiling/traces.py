@@ -17,10 +17,10 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
-from ..config_sections import TorchProfilerConfig
-from ..layout import HELD_SUFFIX, TRACES_DIR, trace_path
-from ..logs import get_logger
-from ..report import MB, format_value
+from anemoi_profiler.config_sections import TorchProfilerConfig
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.report_sections import MB, format_value
+from anemoi_profiler.run_files.layout import HELD_SUFFIX, TRACES_DIR, trace_path
 
 log = get_logger(__name__)
 
@@ -164,7 +164,7 @@ class TraceWriter:
     """Writes each window's trace for one rank, within the size budget.
 
     With `profiler.traces: flagged` a rank other than 0 writes `<name>.held`, which the end of the run renames
-    or deletes once the window summaries say whether this rank stands out (`run/flagged_traces.py`).
+    or deletes once the window summaries say whether this rank stands out (`cluster/flagged_traces.py`).
     """
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, options: TorchProfilerConfig) -> None:

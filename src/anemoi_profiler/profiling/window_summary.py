@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kernel_kinds import COMMUNICATION, COMPUTE, MEMORY, OTHER, RULE_NAMES, classify_device, is_host_collective
-from .window_events import DEVICE, HOST, LAUNCH, STEP, WindowEvents
+from anemoi_profiler.profiling.kernel_kinds import (
+    COMMUNICATION,
+    COMPUTE,
+    MEMORY,
+    OTHER,
+    RULE_NAMES,
+    classify_device,
+    is_host_collective,
+)
+from anemoi_profiler.profiling.window_events import DEVICE, HOST, LAUNCH, STEP, WindowEvents
 
 KERNEL_WAIT_US = 30.0
 """HTA's `consecutive_kernel_delay` default: a gap on a stream shorter than this, with the next kernel already

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .window_summary import FIELD_NAMES, FIELDS, RULE_FIELDS, TOP_FIELDS, TOP_KERNELS, VECTOR_LENGTH, WindowSummary
+from anemoi_profiler.profiling.window_summary import (
+    FIELD_NAMES,
+    FIELDS,
+    RULE_FIELDS,
+    TOP_FIELDS,
+    TOP_KERNELS,
+    VECTOR_LENGTH,
+    WindowSummary,
+)
 
 TOP_COLUMNS = tuple(f"top{slot + 1}_{part}" for slot in range(TOP_KERNELS) for part in TOP_FIELDS)
 COLUMNS = (*FIELD_NAMES, *TOP_COLUMNS, *RULE_FIELDS)

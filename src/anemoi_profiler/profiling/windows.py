@@ -17,16 +17,16 @@ from typing import Any
 
 import torch
 
-from ..config_sections import TorchProfilerConfig
-from ..layout import kernel_names_path, timeline_path
-from .device_memory import StepMemory, export_memory_timeline
-from .durations import DurationStats
-from .op_tables import WindowOperators, operator_stats
-from .recorder import WindowRecorder, effective_options, uses_cuda
-from .schedule import WindowSchedule
-from .torch_private import cycles_share_one_profiler, window_key_averages
-from .traces import TraceWriter, rank_info
-from .window_summaries import WindowSummaries
+from anemoi_profiler.config_sections import TorchProfilerConfig
+from anemoi_profiler.profiling.device_memory import StepMemory, export_memory_timeline
+from anemoi_profiler.profiling.durations import DurationStats
+from anemoi_profiler.profiling.op_tables import WindowOperators, operator_stats
+from anemoi_profiler.profiling.schedule import WindowSchedule
+from anemoi_profiler.profiling.stage_profile import WindowRecorder, effective_options, uses_cuda
+from anemoi_profiler.profiling.torch_private import cycles_share_one_profiler, window_key_averages
+from anemoi_profiler.profiling.traces import TraceWriter, rank_info
+from anemoi_profiler.profiling.window_summarizer import WindowSummaries
+from anemoi_profiler.run_files.layout import kernel_names_path, timeline_path
 
 MAX_UNPARSED_WINDOWS = 8
 """Windows kept unparsed at most; beyond that (many repeats) the oldest is parsed when a new one closes."""

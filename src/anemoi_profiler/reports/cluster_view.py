@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from statistics import median
 
-from .. import names
-from ..layout import SYSTEM_METRICS_DIR
-from ..report import ReportSection
-from .system_table import NodeSample
+from anemoi_profiler import names
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.run_files.layout import SYSTEM_METRICS_DIR
+from anemoi_profiler.run_files.system_tables import NodeSample
 
 NOT_AN_OUTLIER = -1.0
 """The outlier's node or GPU when every value equals the median (one node, or all alike)."""

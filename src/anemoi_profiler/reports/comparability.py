@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from ..layout import CONFIG_FILE
-from .run_data import RunData
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.run_files.layout import CONFIG_FILE
 
 IGNORED_CONFIG = ("output_dir", "tracking", "report", "hta")
 """Sections of the profiler's config that do not move step time (where files go, MLflow, the report, HTA, which

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import names
-from ..report import format_value, plain_table
-from .charts import Chart, Series, to_svg
-from .cluster_view import cluster_view
-from .html import esc, html_page, html_table, svg_image
-from .run_data import RunData
+from anemoi_profiler import names
+from anemoi_profiler.report_sections import format_value, plain_table
+from anemoi_profiler.reports.charts import Chart, Series, to_svg
+from anemoi_profiler.reports.cluster_view import cluster_view
+from anemoi_profiler.reports.html import esc, html_page, html_table, svg_image
+from anemoi_profiler.reports.run_data import RunData
 
 REGRESSION_THRESHOLD_PCT = 5.0
 """Relative change in the worse direction above which a difference is a regression (run-to-run noise of

@@ -6,15 +6,15 @@ limit on a description may cut the end off. The same figures as report.html's ti
 
 from __future__ import annotations
 
-from .. import names
-from ..report import format_value
-from .diagnosis import NotAssessed, Outcome, fired
-from .run_data import RunData
-from .steady import LABEL
+from anemoi_profiler import names
+from anemoi_profiler.report_sections import format_value
+from anemoi_profiler.reports.diagnosis import NotAssessed, Outcome, fired
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.reports.steady import LABEL
 
 HEADING = "**anemoi-profiler: what limits this run**"
 WINDOWS_SECTION = "Profiling windows"
-"""The report section that lists every profiling window (`run.triggers.windows_section`)."""
+"""The report section that lists every profiling window (`run.window_triggers.windows_section`)."""
 KEY_FIGURES = {
     names.TRAIN_SAMPLES_PER_SEC: ("training samples/s", ""),
     names.TRAIN_ITEMS_PER_SEC: ("training items/s", ""),

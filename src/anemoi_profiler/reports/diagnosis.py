@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from statistics import mean, median
 
-from .. import names
-from ..report import ReportSection
-from .epoch_starts import slow_epoch_starts
-from .outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
-from .postmortem import postmortems
-from .run_data import RunData
-from .slow_stretch import slow_stretches
+from anemoi_profiler import names
+from anemoi_profiler.report_sections import ReportSection
+from anemoi_profiler.reports.epoch_starts import slow_epoch_starts
+from anemoi_profiler.reports.outcome import SEVERITY_ORDER, NotAssessed, Outcome, Verdict
+from anemoi_profiler.reports.postmortem_verdicts import postmortems
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.reports.slow_stretch import slow_stretches
 
 TITLE = "Diagnosis"
 

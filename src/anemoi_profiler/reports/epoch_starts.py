@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .outcome import NotAssessed, Outcome, Verdict
-from .run_data import RunData
+from anemoi_profiler.reports.outcome import NotAssessed, Outcome, Verdict
+from anemoi_profiler.reports.run_data import RunData
 
 EPOCH_START_SHARE = 0.10
 """Share of the training time (steady steps plus epoch starts) spent at epochs' starts, waiting for their first

@@ -14,15 +14,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import names
-from ..layout import REPORT_HTML
-from ..report import format_value
-from .description import key_figures
-from .diagnosis import TITLE as DIAGNOSIS_TITLE
-from .diagnosis import NotAssessed, Outcome, fired
-from .plots import plot_svgs, write_plot_files
-from .run_data import RunData
-from .steady import LABEL
+from anemoi_profiler import names
+from anemoi_profiler.report_sections import format_value
+from anemoi_profiler.reports.description import key_figures
+from anemoi_profiler.reports.diagnosis import TITLE as DIAGNOSIS_TITLE
+from anemoi_profiler.reports.diagnosis import NotAssessed, Outcome, fired
+from anemoi_profiler.reports.plots import plot_svgs, write_plot_files
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.reports.steady import LABEL
+from anemoi_profiler.run_files.layout import REPORT_HTML
 
 MAX_NAME = 120
 """Characters of an operator or kernel name shown in a table cell."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..layout import TRACE_SUFFIX, TRACES_DIR
+from anemoi_profiler.run_files.layout import TRACE_SUFFIX, TRACES_DIR
 
 MODULE_PREFIX = "nn.Module: "
 STEP_PREFIX = "ProfilerStep#"

@@ -13,10 +13,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import names
-from ..layout import PLOTS_DIR
-from .charts import Chart, Series, to_matplotlib, to_svg
-from .run_data import RunData, load_run
+from anemoi_profiler import names
+from anemoi_profiler.reports.charts import Chart, Series, to_matplotlib, to_svg
+from anemoi_profiler.reports.run_data import RunData, load_run
+from anemoi_profiler.run_files.layout import PLOTS_DIR
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import names
-from .comparability import allowed, differences
-from .gate import DRIFT_FLOOR_PCT, MAX_RUNS_ADVISED, GateResult, judge_slowdown
-from .html import esc
-from .run_data import RunData
-from .step_series import read_steps
+from anemoi_profiler import names
+from anemoi_profiler.reports.comparability import allowed, differences
+from anemoi_profiler.reports.gate import DRIFT_FLOOR_PCT, MAX_RUNS_ADVISED, GateResult, judge_slowdown
+from anemoi_profiler.reports.html import esc
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.run_files.steps_file import read_steps
 
 NOT_COMPARABLE_EXIT = 4
 METRICS: dict[str, tuple[str, str, bool]] = {

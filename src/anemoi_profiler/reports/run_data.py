@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import names
-from ..layout import (
+from anemoi_profiler import names
+from anemoi_profiler.run_files.layout import (
     ENVIRONMENT_FILE,
     HTA_SUMMARY,
     MEMORY_REPORT,
@@ -30,7 +30,7 @@ from ..layout import (
     WINDOW_SUMMARY,
     WINDOWS_FILE,
 )
-from .system_table import NodeSample, read_node_means
+from anemoi_profiler.run_files.system_tables import NodeSample, read_node_means
 
 SUMMARY_AS_HTA = {
     "idle_pct": "idle_pct",
@@ -144,7 +144,7 @@ class RunData:
 
     # ---- windows.json ----
     def profiling_windows(self) -> list[dict[str, Any]]:
-        """Every profiling window with its reason (`run.triggers.window_entries`): windows.json, which rank 0
+        """Every profiling window with its reason (`run.window_triggers.window_entries`): windows.json, which rank 0
         writes as each triggered window opens, so the report drawn before the run's last section has them."""
         return _read_json(self.folder / WINDOWS_FILE).get("windows") or []
 

@@ -7,10 +7,10 @@ of its own beside `diagnosis`, which lists it in `CHECKS`.
 
 from __future__ import annotations
 
-from .. import names
-from .outcome import NotAssessed, Outcome, Verdict
-from .run_data import RunData
-from .steady import SLOW_STRETCH_FACTOR
+from anemoi_profiler import names
+from anemoi_profiler.reports.outcome import NotAssessed, Outcome, Verdict
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.reports.steady import SLOW_STRETCH_FACTOR
 
 SLOW_STRETCH_SHARE = 0.10
 """Share of the measured training time in slow stretches above which the diagnosis names them."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .module_diff import TOP_MODULES, diff, module_times
-from .run_data import RunData
-from .step_series import read_steps
+from anemoi_profiler.reports.module_diff import TOP_MODULES, diff, module_times
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.run_files.steps_file import read_steps
 
 HOW_TO_GET_WINDOWS = (
     "rerun both with profiler windows that record modules: the `detailed` preset with profiler.with_stack=true "

@@ -10,9 +10,9 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from ..redaction import redact
-from ..report import MB
-from . import trainer_info
+from anemoi_profiler.redaction import redact
+from anemoi_profiler.report_sections import MB
+from anemoi_profiler.trainer import trainer_info
 
 _PACKAGES = ("anemoi-profiler", "torch", "lightning", "pytorch-lightning", "mlflow", "omegaconf", "torchinfo")
 _ENV_VARS = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_JOB_ID", "SLURM_NNODES")
@@ -91,3 +91,17 @@ def _devices() -> list[dict[str, Any]]:
             }
         )
     return devices
+
+
+def report_header(environment: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    """The report's header lines that come from the environment and the trainer."""
+    devices = environment.get("devices") or []
+    model = getattr(trainer, "lightning_module", None)
+    return {
+        "model": type(model).__name__ if model is not None else "n/a",
+        "device": devices[0]["name"] if devices else "cpu",
+        "world size": environment.get("world_size", 1),
+        "precision": environment.get("precision"),
+        "strategy": environment.get("strategy"),
+        "versions": ", ".join(f"{k} {v}" for k, v in environment["packages"].items() if v),
+    }

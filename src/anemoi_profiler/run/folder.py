@@ -10,11 +10,17 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import ProfilerConfig
-from ..layout import ARTIFACT_ROOT, CONFIG_FILE, ENVIRONMENT_FILE, NOT_UPLOADED, create_run_folder
-from ..redaction import redact, redact_uri
-from ..tracking.sink import TrackingSink
-from ..tracking.uris import run_url
+from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.redaction import redact, redact_uri
+from anemoi_profiler.run_files.layout import (
+    ARTIFACT_ROOT,
+    CONFIG_FILE,
+    ENVIRONMENT_FILE,
+    NOT_UPLOADED,
+    create_run_folder,
+)
+from anemoi_profiler.tracking.sink import TrackingSink
+from anemoi_profiler.tracking.uris import run_url
 
 LOCAL_UI = "http://127.0.0.1:5000"
 """Where `mlflow ui` serves by default."""

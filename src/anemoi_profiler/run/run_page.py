@@ -14,14 +14,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import ProfilerConfig
-from ..layout import ARTIFACT_ROOT, REPORT_HTML, REPORT_JSON, REPORT_TXT
-from ..logs import get_logger
-from ..redaction import redact
-from ..reports.description import run_description
-from ..reports.diagnosis import NotAssessed, Outcome, fired
-from ..reports.run_data import RunData
-from ..tracking.sink import TrackingSink
+from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.redaction import redact
+from anemoi_profiler.reports.description import run_description
+from anemoi_profiler.reports.diagnosis import NotAssessed, Outcome, fired
+from anemoi_profiler.reports.run_data import RunData
+from anemoi_profiler.run_files.layout import ARTIFACT_ROOT, REPORT_HTML, REPORT_JSON, REPORT_TXT
+from anemoi_profiler.tracking.sink import TrackingSink
 
 log = get_logger(__name__)
 

@@ -14,27 +14,28 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..config import ProfilerConfig
-from ..layout import spool_dir
-from ..logs import get_logger
-from ..redaction import redact_uri
-from ..report import ReportSection, RunReport
-from ..reports.diagnosis import Outcome, assess, render_section
-from ..reports.run_data import RunData, load_run
-from ..tracking.sink import TrackingSink
-from ..tracking.uris import resolve_tracking_uri
-from . import run_page, trainer_info
-from .clock import IntervalListener, OwnWorkClock, StageClock
-from .clock_callback import StageClockCallback
-from .distributed import RankExchange
-from .environment import collect_environment
-from .folder import print_mlflow_run, print_where_to_look, upload_folder, write_run_folder
-from .gradient_sync import GradientSyncTimer
-from .metric_history import MetricHistory
-from .parallelism import Parallelism, detect_parallelism
-from .postmortem import PostmortemRecorder
-from .profiled_ranks import describe_ranks, select_profiled_ranks
-from .triggers import TriggerWatch
+from anemoi_profiler.clock import IntervalListener, OwnWorkClock, StageClock
+from anemoi_profiler.clock.clock_callback import StageClockCallback
+from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.distributed.exchange import RankExchange
+from anemoi_profiler.distributed.gradient_sync import GradientSyncTimer
+from anemoi_profiler.distributed.parallelism import Parallelism, detect_parallelism
+from anemoi_profiler.distributed.profiled_ranks import describe_ranks, select_profiled_ranks
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.postmortem import PostmortemRecorder
+from anemoi_profiler.redaction import redact_uri
+from anemoi_profiler.report_sections import ReportSection, RunReport
+from anemoi_profiler.reports.diagnosis import Outcome, assess, render_section
+from anemoi_profiler.reports.run_data import RunData, load_run
+from anemoi_profiler.run import run_page
+from anemoi_profiler.run.environment import collect_environment, report_header
+from anemoi_profiler.run.folder import print_mlflow_run, print_where_to_look, upload_folder, write_run_folder
+from anemoi_profiler.run.spooled_sink import open_sink
+from anemoi_profiler.run.window_triggers import TriggerWatch
+from anemoi_profiler.run_files.metrics_file import MetricHistory
+from anemoi_profiler.tracking.sink import TrackingSink
+from anemoi_profiler.tracking.uris import resolve_tracking_uri
+from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 
@@ -217,7 +218,7 @@ class ProfilerSession:
                 error.strerror or error,
             )
             return None
-        header.update(_header_from_environment(environment, trainer))
+        header.update(report_header(environment, trainer))
         header["profiled ranks"] = describe_ranks(self.profiled_ranks, self.world_size)
         return run_dir
 
@@ -371,7 +372,7 @@ class ProfilerSession:
             return None
 
     def _write_html_report(self) -> None:
-        from ..reports.html import write_html_report  # the report modules, at the end only
+        from anemoi_profiler.reports.html import write_html_report  # the report modules, at the end only
 
         if self._read_back is not None:  # else the report's step said why
             write_html_report(*self._read_back)  # and plots/*.svg, uploaded with the run folder
@@ -411,51 +412,3 @@ class ProfilerSession:
             for section in sections:
                 self._report.add(section)
         self._summary_metrics.update(summary_metrics or {})
-
-
-def _header_from_environment(environment: dict[str, Any], trainer: Any) -> dict[str, Any]:
-    devices = environment.get("devices") or []
-    model = getattr(trainer, "lightning_module", None)
-    return {
-        "model": type(model).__name__ if model is not None else "n/a",
-        "device": devices[0]["name"] if devices else "cpu",
-        "world size": environment.get("world_size", 1),
-        "precision": environment.get("precision"),
-        "strategy": environment.get("strategy"),
-        "versions": ", ".join(f"{k} {v}" for k, v in environment["packages"].items() if v),
-    }
-
-
-def open_sink(
-    config: ProfilerConfig,
-    run_dir: Path,
-    rank: int,
-    tracking_uri: str,
-    *,
-    run_name: str,
-    run_id: str | None = None,
-    key_prefix: str = "",
-) -> TrackingSink | None:
-    """The sink of this rank, spooling below the run folder; None (with a warning) when the spool cannot be
-    written: then nothing goes to MLflow, and the training goes on."""
-    tracking = config.tracking
-    try:
-        return TrackingSink(
-            tracking_uri,
-            tracking.experiment,
-            spool_dir(run_dir, rank),
-            run_id=run_id,
-            run_name=run_name,
-            key_prefix=key_prefix,
-            flush_interval_s=tracking.flush_interval_s,
-            retry_interval_s=tracking.retry_interval_s,
-            relay_requests=rank == 0 and config.triggers.enabled and config.triggers.requests,
-        )
-    except OSError as error:
-        log.warning(
-            "cannot write the MLflow spool in %s (%s: %s); nothing is sent to MLflow for this run, training goes on",
-            spool_dir(run_dir, rank).parent,
-            type(error).__name__,
-            error.strerror or error,
-        )
-        return None

@@ -11,6 +11,6 @@ training thread -> TrackingSink (sink.py: a queue and a thread) -> spool files (
 
 from __future__ import annotations
 
-from .uris import artifact_location_for, default_tracking_uri, resolve_tracking_uri
+from anemoi_profiler.tracking.uris import artifact_location_for, default_tracking_uri, resolve_tracking_uri
 
 __all__ = ["artifact_location_for", "default_tracking_uri", "resolve_tracking_uri"]

@@ -8,10 +8,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..logs import get_logger
-from ..redaction import REDACTED, redact_text, redact_uri
-from ..triggers.requests import REQUEST_TAG, relay_tag
-from .mlflow_versions import (
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.redaction import REDACTED, redact_text, redact_uri
+from anemoi_profiler.tracking.mlflow_versions import (
     EXPERIMENT_KIND_TAG,
     MAX_TAG_VALUE_CHARS,
     PROXIED_ARTIFACTS_NEED_GLOBAL_URI_BEFORE,
@@ -19,9 +18,10 @@ from .mlflow_versions import (
     mlflow_version,
     sqlite_store_problem,
 )
-from .records import Batch
-from .spool import read_run_info, write_run_info
-from .uris import artifact_location_for
+from anemoi_profiler.tracking.records import Batch
+from anemoi_profiler.tracking.spool import read_run_info, write_run_info
+from anemoi_profiler.tracking.uris import artifact_location_for
+from anemoi_profiler.triggers.requests import REQUEST_TAG, relay_tag
 
 log = get_logger(__name__)
 

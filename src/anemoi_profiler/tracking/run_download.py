@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..layout import ARTIFACT_ROOT, HTA_DIR, REPORT_INPUTS, RUN_FILES, TRACES_DIR
+from anemoi_profiler.run_files.layout import ARTIFACT_ROOT, HTA_DIR, REPORT_INPUTS, RUN_FILES, TRACES_DIR
 
 MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,255}")
 """MLflow's rule for run ids: a target that is neither a folder nor this never becomes part of a path."""

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ..logs import PREFIX, get_logger
-from ..redaction import redact_text
-from .mlflow_target import MlflowTarget
-from .records import Batch
-from .spool import read_run_info, replay_spool
+from anemoi_profiler.logs import PREFIX, get_logger
+from anemoi_profiler.redaction import redact_text
+from anemoi_profiler.tracking.mlflow_target import MlflowTarget
+from anemoi_profiler.tracking.records import Batch
+from anemoi_profiler.tracking.spool import read_run_info, replay_spool
 
 log = get_logger(__name__)
 

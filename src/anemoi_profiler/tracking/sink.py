@@ -21,12 +21,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import names
-from ..logs import get_logger
-from ..redaction import redact_text, redact_uri
-from .records import Artifact, Batch, Description, FlushRequest, Metric, Params, Record, Tags, Terminate
-from .sender import REPLY_TIMEOUT_S, SenderError, SenderProcess
-from .spool import pending_batches, remove_if_empty, write_batch, write_run_info
+from anemoi_profiler import names
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.redaction import redact_text, redact_uri
+from anemoi_profiler.tracking.records import (
+    Artifact,
+    Batch,
+    Description,
+    FlushRequest,
+    Metric,
+    Params,
+    Record,
+    Tags,
+    Terminate,
+)
+from anemoi_profiler.tracking.sender import REPLY_TIMEOUT_S, SenderError, SenderProcess
+from anemoi_profiler.tracking.spool import pending_batches, remove_if_empty, write_batch, write_run_info
 
 log = get_logger(__name__)
 

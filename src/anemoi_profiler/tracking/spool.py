@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..layout import RUN_INFO_FILE
-from ..logs import get_logger
-from .records import Batch
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.run_files.layout import RUN_INFO_FILE
+from anemoi_profiler.tracking.records import Batch
 
 log = get_logger(__name__)
 

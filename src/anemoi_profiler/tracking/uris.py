@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..redaction import redact_uri
-from .mlflow_versions import MODEL_TRAINING_VIEW
+from anemoi_profiler.redaction import redact_uri
+from anemoi_profiler.tracking.mlflow_versions import MODEL_TRAINING_VIEW
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:

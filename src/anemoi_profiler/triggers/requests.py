@@ -16,8 +16,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..layout import REQUEST_FILE
-from ..logs import get_logger
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.run_files.layout import REQUEST_FILE
 
 log = get_logger(__name__)
 

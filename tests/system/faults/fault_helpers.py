@@ -15,7 +15,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, wait_for_mlflow
-from anemoi_profiler.layout import run_folders
+from anemoi_profiler.run_files.layout import run_folders
 from anemoi_profiler.tracking.sink import TrackingSink
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 

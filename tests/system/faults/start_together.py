@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anemoi_profiler.layout
+import anemoi_profiler.run_files.layout
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
@@ -43,7 +43,7 @@ def main(output_dir: str, sync_dir: str, batches: str) -> None:
     while not go.exists():
         time.sleep(0.01)
     plan = json.loads(go.read_text())
-    anemoi_profiler.layout.time = PinnedClock(plan["stamp"])  # type: ignore[assignment]
+    anemoi_profiler.run_files.layout.time = PinnedClock(plan["stamp"])  # type: ignore[assignment]
     time.sleep(max(0.0, plan["start_at"] - time.time()))
     train, _ = loaders(n_train=16 * int(batches))
     fit = trainer(callbacks)

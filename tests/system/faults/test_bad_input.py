@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 
 from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.cli.main import main
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.measure.snapshot_reader import load_snapshot, summarize_snapshot
 from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.run_files.layout import run_folders
 from anemoi_profiler.tracking.records import Batch
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches, write_batch

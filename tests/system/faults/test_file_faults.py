@@ -20,9 +20,9 @@ import lightning.pytorch as pl
 import pytest
 
 from anemoi_profiler import build_callbacks, names, wait_for_mlflow
-from anemoi_profiler.layout import RUN_INFO_FILE as RUN_FILE
-from anemoi_profiler.layout import run_folders
 from anemoi_profiler.reports.run_data import read_history
+from anemoi_profiler.run_files.layout import RUN_INFO_FILE as RUN_FILE
+from anemoi_profiler.run_files.layout import run_folders
 from anemoi_profiler.tracking.mlflow_target import MlflowTarget
 from anemoi_profiler.tracking.records import Batch
 from anemoi_profiler.tracking.sink import TrackingSink

@@ -28,8 +28,8 @@ from anemoi_profiler import build_callbacks, names
 from anemoi_profiler.analysis.preflight import check_window
 from anemoi_profiler.callbacks import StepTimingCallback, ThroughputCallback
 from anemoi_profiler.cli.main import main
+from anemoi_profiler.clock import BatchCounter, StageClock
 from anemoi_profiler.reports.run_data import read_history
-from anemoi_profiler.run.clock import BatchCounter, StageClock
 from anemoi_profiler.tracking.spool import pending_batches
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.system.faults.fault_helpers import (

@@ -15,11 +15,11 @@ import pytest
 
 from anemoi_profiler import ProfilerConfig
 from anemoi_profiler.config import ConfigError
-from anemoi_profiler.reports.postmortem import merge_stall
-from anemoi_profiler.run.postmortem import PostmortemRecorder
-from anemoi_profiler.run.postmortem.signals import SignalRecorder
-from anemoi_profiler.run.postmortem.stacks import describe, phase_of, thread_stacks, user_frame
-from anemoi_profiler.run.postmortem.watchdog import AUTO_MIN_S, Progress, StallWatchdog
+from anemoi_profiler.postmortem import PostmortemRecorder
+from anemoi_profiler.postmortem.signals import SignalRecorder
+from anemoi_profiler.postmortem.stacks import describe, phase_of, thread_stacks, user_frame
+from anemoi_profiler.postmortem.watchdog import AUTO_MIN_S, Progress, StallWatchdog
+from anemoi_profiler.run_files.postmortem_files import merge_stall
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
 

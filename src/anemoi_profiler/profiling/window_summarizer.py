@@ -1,0 +1,112 @@
+"""Each finished window summarised on a thread of its own, from torch's results: the training loop only hands over.
+
+Reading torch's events is Python work proportional to the window's events; done where the window closes it
+would stall the next training step, so one background thread does it. The exchange takes the finished ones
+at a training interval (`ready`, `take`) and the rest at the session's end (`collect`). A window that cannot
+be summarised is left out with one warning; training never sees it. The same thread writes the window's
+kernel-name table (the names behind the hashes the exchange sends) before the window counts as ready, so the
+training thread never writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from anemoi_profiler.logs import get_logger
+from anemoi_profiler.profiling.kineto_events import (
+    reads_in_process,
+    window_events_from_kineto,
+    window_events_from_saved,
+)
+from anemoi_profiler.profiling.torch_private import kineto_results
+from anemoi_profiler.profiling.trace_stream import read_window_events
+from anemoi_profiler.profiling.window_summary import WindowSummary, summarize
+
+log = get_logger(__name__)
+
+WindowKey = tuple[str, int]
+"""(stage, window index)."""
+
+
+class WindowSummaries:
+    def __init__(self, names_path: Callable[[WindowKey], Path] | None = None) -> None:
+        """`names_path`: where a window's kernel-name table goes (None: not written)."""
+        self._names_path = names_path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
+        self._pending: dict[WindowKey, Future[WindowSummary]] = {}
+        self._said: set[object] = set()
+        self.in_process = reads_in_process()
+
+    def submit(self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None) -> None:
+        """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background.
+
+        `trace`: the window's trace file being written (its path, None if it was not), which a torch that
+        cannot read the events in process reads instead (kineto saves a window only once).
+        """
+        names_path = self._names_path((stage, window)) if self._names_path is not None else None
+        if self.in_process:
+            future = self._executor.submit(_summarize_in_process, kineto_results(results), names_path)
+        else:
+            future = self._executor.submit(_summarize_saved, kineto_results(results), trace, names_path)
+        self._pending[(stage, window)] = future
+
+    def ready(self) -> list[WindowKey]:
+        """Windows whose summary is done (or failed) and not yet taken, without waiting."""
+        return [key for key, future in self._pending.items() if future.done()]
+
+    def running(self) -> int:
+        """Windows still being summarised."""
+        return sum(not future.done() for future in self._pending.values())
+
+    def take(self, keys: list[WindowKey]) -> dict[WindowKey, WindowSummary]:
+        """The summaries of `keys` (waiting for any not done), no longer pending; failed ones left out (warned once)."""
+        summaries = {}
+        for key in keys:
+            future = self._pending.pop(key)
+            try:
+                summaries[key] = future.result()
+            except Exception as error:
+                log.warning_once(
+                    self._said, "failed", "could not summarise window %s: %s: %s", key, type(error).__name__, error
+                )
+        return summaries
+
+    def collect(self) -> dict[WindowKey, WindowSummary]:
+        """Every window's summary not yet taken, waiting for those still running."""
+        return self.take(list(self._pending))
+
+    def close(self) -> None:
+        """Let the summaries under way finish: `collect` may still be called after."""
+        self._executor.shutdown(wait=True)
+
+
+def write_kernel_names(path: Path, summary: WindowSummary) -> None:
+    """The names behind the hashes of `summary`; if not written, another rank's view shows a kernel as its hash."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.name_table(), indent=1))
+    except OSError as error:
+        log.warning("kernel names not written to %s: %s", path, error)
+
+
+def _summarize_in_process(results: Any, names_path: Path | None) -> WindowSummary:
+    return _with_names(summarize(window_events_from_kineto(results)), names_path)
+
+
+def _summarize_saved(results: Any, trace: Future[Path | None] | None, names_path: Path | None) -> WindowSummary:
+    if trace is None:  # no trace for the run folder: the summary's save is the window's only one
+        return _with_names(summarize(window_events_from_saved(results)), names_path)
+    path = trace.result()
+    if path is None:
+        raise RuntimeError("on torch < 2.12 a window is summarised from its trace, which was too large to write")
+    return _with_names(summarize(read_window_events(path)), names_path)
+
+
+def _with_names(summary: WindowSummary, names_path: Path | None) -> WindowSummary:
+    if names_path is not None:
+        write_kernel_names(names_path, summary)
+    return summary
