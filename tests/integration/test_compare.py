@@ -81,8 +81,10 @@ def test_cli_prints_the_comparison_and_writes_a_self_contained_page(
     assert "regression" in rows.classes and "script" not in rows.tags
     plots = [base64.b64decode(src.split(",", 1)[1]) for src in rows.images]
     assert len(plots) == 2 and all(src.startswith("data:image/svg+xml;base64,") for src in rows.images)
-    for plot in plots:  # samples/s and step time, a line for each run over the steps
-        assert len(list(ElementTree.fromstring(plot).iter("{http://www.w3.org/2000/svg}polyline"))) == 2
+    fast, slow = fast_and_slow
+    for plot, title in zip(plots, ("Training samples/s", "Training step ms"), strict=True):  # a line for each run
+        texts = ["".join(t.itertext()) for t in ElementTree.fromstring(plot).iter("{http://www.w3.org/2000/svg}text")]
+        assert {title, f"A: {fast.name}", f"B: {slow.name}"} <= set(texts) and b"Matplotlib" in plot
     for external in ('src="http', 'href="http', "@import", "url(http"):
         assert external not in page
 

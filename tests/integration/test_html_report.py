@@ -168,16 +168,25 @@ def test_operator_tables_from_the_report_files_without_report_json(profiled_run:
 
 
 def test_plot_files_for_mlflow_and_figures_for_a_notebook(profiled_run: Path) -> None:
+    before = {path.name: path.read_bytes() for path in (profiled_run / "plots").glob("*.svg")}
     written = write_plot_files(profiled_run)  # drawn again: what `anemoi-profiler report` does
     assert [p.name for p in written] == ["throughput.svg", "step_time.svg", "memory.svg", "system.svg"]
+    assert {path.name: path.read_bytes() for path in written} == before  # the same run, the same files
+    shown = charts(profiled_run)
     for path in written:
-        root = ElementTree.parse(path).getroot()  # well-formed, a document of its own
+        svg = path.read_text()
+        root = ElementTree.fromstring(svg)  # well-formed, a document of its own
         assert root.tag == "{http://www.w3.org/2000/svg}svg" and path.parent == profiled_run / "plots"
-        drawn = [element.tag.split("}")[1] for element in root.iter()]
-        assert "polyline" in drawn or drawn.count("rect") > 3, path.name  # the data, not only the axes
-    titles = {name: chart.title for name, chart in charts(profiled_run).items()}
-    shown = {name: figure.axes[0].get_title(loc="left") for name, figure in figures(profiled_run).items()}
-    assert shown == titles and titles["throughput"] == "Throughput"
+        assert "Matplotlib" in svg
+        texts = {"".join(element.itertext()) for element in root.iter("{http://www.w3.org/2000/svg}text")}
+        chart = shown[path.stem]
+        assert {chart.title, chart.x_label, chart.y_label} <= texts, path.name
+        assert {series.label for series in chart.series} <= texts, path.name  # each series, in the legend
+    titles = {name: chart.title for name, chart in shown.items()}
+    drawn = {name: figure.axes[0].get_title(loc="left") for name, figure in figures(profiled_run).items()}
+    assert drawn == titles and titles["throughput"] == "Throughput"
+    throughput = figures(profiled_run)["throughput"].axes[0]
+    assert [line.get_label() for line in throughput.get_lines()] == ["train samples/s", "val samples/s"]
 
 
 def report_args(*argv: str) -> Namespace:

@@ -2,5 +2,5 @@
 
 Everything here starts from `run_data.RunData`, so the end of a fit, `anemoi-profiler report` a week later
 and the tests give the same answers. Nothing here imports torch or MLflow (a run that lives only in MLflow is
-downloaded by `tracking.run_download` first), nor a plotting library (`plots.figures` does, for matplotlib figures).
+downloaded by `tracking.run_download` first); matplotlib is imported when the first plot is drawn (`charts`).
 """

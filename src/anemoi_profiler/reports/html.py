@@ -1,9 +1,9 @@
 """`report.html`: the whole run on one self-contained page, diagnosis first.
 
 One file that opens anywhere, offline, and can be mailed or attached to an issue: inline CSS, plots as
-embedded SVG images (the very files of `plots/*.svg`), no script, nothing fetched from the network. Names come
-from the user's model and traces (modules, operators, kernels) and are HTML-escaped like every other value
-on the page.
+embedded SVG images (the very files of `plots/*.svg`, each its own document so its ids and styles never meet
+the page's), no script, nothing fetched from the network. Names come from the user's model and traces
+(modules, operators, kernels) and are HTML-escaped like every other value on the page.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The report's plots, drawn from `metrics.json`: throughput, step-time breakdown, peak memory, system metrics.
 
-Each plot is a `charts.Chart`, written as SVG without a plotting library: report.html embeds the very files
-that `<run folder>/plots/` keeps for the MLflow run, and the end of a run imports nothing to draw them.
-`figures` gives the same plots as matplotlib figures (for `mlflow.log_figure` or a notebook).
+Each plot is a `charts.Chart`, what it shows kept apart from how it is drawn: report.html embeds the very SVG
+files that `<run folder>/plots/` keeps for the MLflow run, and `figures` gives the same plots as matplotlib
+figures (for `mlflow.log_figure` or a notebook).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anemoi_profiler import names
-from anemoi_profiler.reports.charts import Chart, Series, to_matplotlib, to_svg
+from anemoi_profiler.reports.charts import Chart, Series, to_figure, to_svg
 from anemoi_profiler.reports.run_data import RunData, load_run
 from anemoi_profiler.run_files.layout import PLOTS_DIR
 
@@ -149,8 +149,8 @@ def charts(run: RunData | Path) -> dict[str, Chart]:
 
 
 def figures(run: RunData | Path) -> dict[str, Figure]:
-    """The same plots as matplotlib figures, by name (imports matplotlib)."""
-    return {name: to_matplotlib(chart) for name, chart in charts(run).items()}
+    """The same plots as matplotlib figures, by name."""
+    return {name: to_figure(chart) for name, chart in charts(run).items()}
 
 
 def plot_svgs(run: RunData | Path) -> dict[str, str]:
