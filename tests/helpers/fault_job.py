@@ -1,14 +1,16 @@
-"""Train a small model with DDP and the anemoi-profiler callbacks: the launch example for several processes.
+"""The fault-injection DDP job the system tests run: a small model with flags that slow, stall or fail ranks.
 
-Lightning's own launcher (this script starts the other processes of the node itself):
+Not an example to copy (that is `examples/ddp_train.py`): it exists so that tests can make stragglers, slow
+dataloaders and failing ranks on demand. Lightning's own launcher (this script starts the other processes of
+the node itself):
 
-    python examples/ddp_train.py --devices 2 --max-steps 50
+    python tests/helpers/fault_job.py --devices 2 --max-steps 50
 
 torchrun, one launcher per node (here two "nodes" on one machine; on a cluster use the first node's address):
 
-    torchrun --nproc_per_node 2 examples/ddp_train.py --devices 2
+    torchrun --nproc_per_node 2 tests/helpers/fault_job.py --devices 2
     torchrun --nnodes 2 --nproc_per_node 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 29500 \\
-        examples/ddp_train.py --devices 1 --num-nodes 2          # and the same with --node_rank 1
+        tests/helpers/fault_job.py --devices 1 --num-nodes 2          # and the same with --node_rank 1
 
 The job gets one run folder and one MLflow run (rank 0 creates both and tells the others), whatever the
 launcher. Pass profiler options as `key=value` after the flags, e.g. `distributed.profiled_ranks=[1]`.
