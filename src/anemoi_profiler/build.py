@@ -31,8 +31,20 @@ def build_callbacks(
     `config` may also be what `ProfilerConfig.load` reads: a preset name, a YAML path, a mapping, or the
     section of a Hydra tree (`build_callbacks(cfg.diagnostics.profiler)`).
 
-    `length_fn`/`batch_size_fn` count items and samples in a batch (see ThroughputCallback); `input_fn`
-    turns a batch into the model's forward arguments for the model summary (see ModelSummaryCallback).
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads. None: the defaults.
+        length_fn: Counts the items (tokens, grid points) of a batch for `items_per_sec`; None: no item rates
+            unless `throughput.length_fn` names one (see `ThroughputCallback`).
+        batch_size_fn: Counts the samples of a batch; None: dim 0 of the batch's first tensor.
+        input_fn: Turns a batch into the model's forward arguments for the model summary; None: the default
+            rule (see `ModelSummaryCallback`).
+
+    Returns:
+        The callbacks to pass to `Trainer(callbacks=...)` on every rank; never empty (with everything disabled,
+        a base callback still writes the run folder).
+
+    Raises:
+        ConfigError: The config is invalid (unknown key, wrong type, out-of-range value).
     """
     config = ProfilerConfig.ensure(config)
     session = ProfilerSession(config)

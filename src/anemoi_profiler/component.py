@@ -135,6 +135,24 @@ def profile_component(
     floating dtype, cast to it. `compile` is True (inductor) or a torch.compile backend name ("aot_eager").
     Windows follow `config.profiler.train`; `repeat: 0` records one window.
     With `config.tracking.enabled` the run also goes to MLflow (metrics, params and the run folder).
+
+    Args:
+        target: An `nn.Module`, a callable taking the inputs, or a `'package.module:factory'` or
+            `'path/file.py:factory'` string whose factory builds one.
+        input_shapes: One shape per positional input; random tensors of these shapes are the inputs.
+        dtype: One dtype name for all inputs, or one per input.
+        device: Where the inputs (and a module) go: `cpu`, `cuda`, `cuda:1`.
+        config: The profiler's config (windows, output folder, tracking); None: the defaults.
+        compile: False: eager; True: `torch.compile` with inductor; a string: that backend.
+        backward: Also run the backward of the tensor outputs in every step (output gradients of ones).
+        target_kwargs: Keyword arguments for the factory of a string target.
+
+    Returns:
+        The run folder, with the traces and the time and memory reports.
+
+    Raises:
+        ConfigError: The dtypes do not match the inputs, CUDA is asked for and missing, or a string target
+            cannot be imported.
     """
     config = config or ProfilerConfig()
     dtypes = [dtype] * len(input_shapes) if isinstance(dtype, str) else list(dtype)

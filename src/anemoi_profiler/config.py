@@ -78,7 +78,19 @@ class ProfilerConfig:
         """Build a validated config from defaults, a preset name or YAML path (or a mapping), and overrides.
 
         A mapping may be a section of a Hydra/OmegaConf tree: its interpolations are resolved against the
-        whole tree it belongs to. `overrides` are `key=value` strings such as `"throughput.warmup_steps=10"`.
+        whole tree it belongs to.
+
+        Args:
+            source: A preset name (`simple`, `detailed`), a YAML file, a mapping or an OmegaConf node; None:
+                the defaults alone.
+            overrides: `key=value` strings applied last, such as `"throughput.warmup_steps=10"`.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ConfigError: A missing file, invalid YAML, an unknown key, a wrong type or an invalid value; the
+                message names the key as the user wrote it.
         """
         layers: list[DictConfig] = [OmegaConf.structured(cls)]
         if source is not None:
@@ -219,6 +231,10 @@ def register_hydra_configs(group: str = "profiler", package: str = "diagnostics.
     `python train.py profiler=detailed diagnostics.profiler.log_every_n_steps=10` works and a misspelt key
     or a wrong type fails when Hydra composes the tree, before training starts. Call it before `@hydra.main`
     runs (at import time of the training script).
+
+    Args:
+        group: The config group the options go in (`profiler=detailed` on the command line).
+        package: Where the chosen option lands in the composed tree.
     """
     from hydra.core.config_store import ConfigStore  # Hydra is the user's dependency, not ours
 

@@ -1,5 +1,5 @@
-"""Running the example jobs in real processes and reading what they leave behind (Lightning's launcher re-runs
-sys.argv, so its DDP never runs inside pytest)."""
+"""Running the fault-injection job (`fault_job.py`) and the examples in real processes and reading what they leave
+behind (Lightning's launcher re-runs sys.argv, so its DDP never runs inside pytest)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from anemoi_profiler.run_files.layout import run_folders
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-EXAMPLE = EXAMPLES / "ddp_train.py"
+FAULT_JOB = Path(__file__).resolve().parent / "fault_job.py"
 JOB_TIMEOUT_S = 180
 MAX_STEPS = 20
 BATCH_SIZE = 8
@@ -94,14 +94,14 @@ def run_ok(command: list[str], cwd: Path) -> str:
     return output
 
 
-def example(*args: str, script: Path = EXAMPLE) -> list[str]:
-    """The example's command line; its flags go before its `key=value` overrides, as argparse needs."""
+def job_command(*args: str, script: Path = FAULT_JOB) -> list[str]:
+    """The job's command line; its flags go before its `key=value` overrides, as argparse needs."""
     flags = [arg for arg in args if arg.startswith("--")]
     return [sys.executable, str(script), *flags, *(arg for arg in args if not arg.startswith("--"))]
 
 
 def torchrun(launcher_args: list[str], *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, str(EXAMPLE), *args]
+    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, str(FAULT_JOB), *args]
 
 
 def only_run_folder(output_dir: Path) -> Path:

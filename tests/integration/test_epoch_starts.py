@@ -26,7 +26,7 @@ from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
 from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.run_files.layout import run_folders
-from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, example, only_run_folder, run_ok
+from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, job_command, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, trainer
 from tests.system.test_distributed import rank_0_of_two
 
@@ -198,7 +198,7 @@ def test_validation_between_epochs_is_not_counted_as_an_epoch_start(tmp_path: Pa
 
 @pytest.mark.slow
 def test_two_ranks_restarting_their_workers_every_epoch(tmp_path: Path) -> None:
-    """DDP with gloo in real processes (`examples/ddp_train.py`): each rank's DataLoader worker takes 0.3 s to
+    """DDP with gloo in real processes (`tests/helpers/fault_job.py`): each rank's DataLoader worker takes 0.3 s to
     start, every epoch. The ranks exchange their epoch starts; the longest is every rank's (the others wait for
     it in the epoch's first step), and the diagnosis names it. (The step time is not compared with a cadence
     here: on our loaded 2-core VM the first step after a worker start was sometimes slower by hundreds of ms,
@@ -206,7 +206,7 @@ def test_two_ranks_restarting_their_workers_every_epoch(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     epochs = 4
     run_ok(
-        example(
+        job_command(
             "--devices=2",
             f"--output-dir={output_dir}",
             f"--epochs={epochs}",

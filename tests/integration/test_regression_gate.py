@@ -22,7 +22,7 @@ from anemoi_profiler.reports.comparability import allowed, differences
 from anemoi_profiler.reports.regression_gate import GateInputError, run_gate, verdict_lines
 from anemoi_profiler.reports.run_data import RunData, load_run
 from anemoi_profiler.run_files.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
-from tests.helpers.jobs import FAST, example, only_run_folder, run_ok
+from tests.helpers.jobs import FAST, job_command, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 OVERRIDES = [
@@ -189,7 +189,7 @@ def test_one_rank_against_two_ranks_is_not_comparable(tmp_path: Path, capsys: py
     folders = []
     for devices in (1, 2):
         output_dir = tmp_path / f"ranks{devices}"
-        run_ok(example(f"--devices={devices}", f"--output-dir={output_dir}", *FAST, "--max-steps=30"), tmp_path)
+        run_ok(job_command(f"--devices={devices}", f"--output-dir={output_dir}", *FAST, "--max-steps=30"), tmp_path)
         folders.append(str(only_run_folder(output_dir)))
     capsys.readouterr()
     assert compare_command.run(gate(*folders, "--fail-if-slower", "5%")) == 4

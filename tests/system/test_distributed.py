@@ -1,6 +1,6 @@
 """Distributed runs on CPU with gloo, in real processes: Lightning's launcher, torchrun, two nodes, a failing rank.
 
-Each test starts `examples/ddp_train.py` in subprocesses (never Lightning's DDP inside pytest: its launcher
+Each test starts `tests/helpers/fault_job.py` in subprocesses (never Lightning's DDP inside pytest: its launcher
 re-runs sys.argv) and checks what the job left behind: one run folder, one MLflow run, global figures that
 sum the ranks, the cluster's system metrics, and one trace per profiled rank in each window folder.
 """
@@ -33,9 +33,9 @@ from tests.helpers.jobs import (
     MAX_STEPS,
     SMALL_WINDOWS,
     WARMUP_STEPS,
-    example,
     finish_job,
     free_port,
+    job_command,
     only_run,
     only_run_folder,
     run_jobs,
@@ -61,7 +61,9 @@ def assert_global_is_sum_of_two_ranks(metrics: dict[str, float], prefix: str) ->
 @pytest.mark.stack
 def test_lightning_launcher_two_ranks_share_one_run_with_global_figures_and_traces(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
-    run_ok(example("--devices=2", f"--output-dir={output_dir}", "--preset=detailed", *FAST, *SMALL_WINDOWS), tmp_path)
+    run_ok(
+        job_command("--devices=2", f"--output-dir={output_dir}", "--preset=detailed", *FAST, *SMALL_WINDOWS), tmp_path
+    )
 
     run_dir = only_run_folder(output_dir)
     run = only_run(f"sqlite:///{output_dir / 'mlflow.db'}")  # the embedded default store
@@ -214,7 +216,7 @@ def test_per_node_series_on_request(tmp_path: Path) -> None:
 def test_a_failing_rank_ends_the_job_and_rank_0_keeps_its_measurements(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     fail_at_step = 10
-    command = example(
+    command = job_command(
         "--devices=2",
         f"--output-dir={output_dir}",
         "--fail-on-rank=1",
@@ -252,7 +254,7 @@ def test_fsdp_on_cpu(tmp_path: Path) -> None:
     """
     output_dir = tmp_path / "runs"
     [(returncode, output)] = run_jobs(
-        [example("--strategy=fsdp", "--devices=2", f"--output-dir={output_dir}", *FAST)], tmp_path
+        [job_command("--strategy=fsdp", "--devices=2", f"--output-dir={output_dir}", *FAST)], tmp_path
     )
     refusals = [
         line
@@ -318,7 +320,7 @@ def test_a_two_rank_fit_with_each_preset_ends_and_leaves_no_process(
     the hang came in some fits only, so each preset runs several times.
     """
     output_dir = tmp_path / "runs"
-    job = start_job(example(f"--preset={preset}", "--devices=2", f"--output-dir={output_dir}", *FAST), tmp_path)
+    job = start_job(job_command(f"--preset={preset}", "--devices=2", f"--output-dir={output_dir}", *FAST), tmp_path)
     returncode, output = finish_job(job, time.monotonic() + JOB_TIMEOUT_S)
     assert returncode == 0, output[-6000:]
     deadline = time.monotonic() + 10  # rank 1 ends right after rank 0: give it a moment

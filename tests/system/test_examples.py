@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import names
+from tests.helpers.jobs import only_run, only_run_folder, run_ok, throughput_summary
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -31,3 +32,20 @@ def test_plain_lightning_script_with_the_yaml_config(tmp_path: Path) -> None:
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("examples").experiment_id])
     assert {"train/loss", names.TRAIN_SAMPLES_PER_SEC, names.SUMMARY_TRAIN_STEP_MS} <= set(run.data.metrics)
+
+
+@pytest.mark.slow
+def test_ddp_example_two_ranks_share_one_run(tmp_path: Path) -> None:
+    """The DDP example as documented (Lightning's launcher, 2 CPU ranks on gloo), a few steps: one run folder
+    whose report counts both ranks' batches, and one MLflow run holding the logger's loss and the profiler's
+    throughput, in the sqlite store below the output folder."""
+    out = tmp_path / "out"
+    steps, warmup = 8, 2
+    command = [sys.executable, str(EXAMPLES / "ddp_train.py"), f"--max-steps={steps}", f"--output-dir={out}",
+               "log_every_n_steps=4", f"throughput.warmup_steps={warmup}", "report.console=false"]  # fmt: skip
+    run_ok(command, tmp_path)
+    summary = throughput_summary(only_run_folder(out))
+    assert summary["train/measured_batches"] == 2 * (steps - warmup)
+    assert summary["train/samples_per_sec"] > 0
+    run = only_run(f"sqlite:///{out / 'mlflow.db'}")
+    assert {"train/loss", names.TRAIN_SAMPLES_PER_SEC} <= set(run.data.metrics)

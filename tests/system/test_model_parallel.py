@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import strategies
 
-from tests.helpers.jobs import EXAMPLES, example, only_run, only_run_folder, run_ok, trace_ranks
+from tests.helpers.jobs import EXAMPLES, job_command, only_run, only_run_folder, run_ok, trace_ranks
 
 EXAMPLE = EXAMPLES / "model_parallel_train.py"
 FAST = ["--max-steps=16", "log_every_n_steps=4", "throughput.warmup_steps=2", "report.console=false"]
@@ -27,7 +27,7 @@ pytestmark = [
 def job(tmp_path: Path, *args: str) -> Path:
     output_dir = tmp_path / "runs"
     output_dir.mkdir(parents=True)
-    run_ok(example(f"--output-dir={output_dir}", *FAST, *args, script=EXAMPLE), tmp_path)
+    run_ok(job_command(f"--output-dir={output_dir}", *FAST, *args, script=EXAMPLE), tmp_path)
     return only_run_folder(output_dir)
 
 

@@ -15,7 +15,7 @@ import torch
 from anemoi_profiler import names
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run, read_history
-from tests.helpers.jobs import FAST, example, only_run, only_run_folder, run_ok
+from tests.helpers.jobs import FAST, job_command, only_run, only_run_folder, run_ok
 
 SLEEP_MS = 60.0
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def straggler_job(tmp_path: Path, *args: str) -> Path:
     output_dir = tmp_path / "runs"
     output_dir.mkdir(parents=True)
-    run_ok(example("--devices=2", f"--output-dir={output_dir}", *FAST, *args), tmp_path)
+    run_ok(job_command("--devices=2", f"--output-dir={output_dir}", *FAST, *args), tmp_path)
     return only_run_folder(output_dir)
 
 

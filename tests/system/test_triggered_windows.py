@@ -36,9 +36,9 @@ from anemoi_profiler.tracking.spool import read_run_info
 from anemoi_profiler.triggers.requests import read_request
 from tests.helpers.jobs import (
     JOB_TIMEOUT_S,
-    example,
     finish_job,
     free_port,
+    job_command,
     only_run,
     only_run_folder,
     run_jobs,
@@ -204,7 +204,7 @@ def test_a_rank_that_starts_to_lag_gets_a_slow_rank_window_on_it_and_rank_0(tmp_
     # kept only where flagged, the ranks a triggered window was opened for keep theirs
     triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false"]
     triggers.append("profiler.traces=flagged")
-    run_ok(example(*flags, *lagging, *overrides, *triggers), tmp_path)
+    run_ok(job_command(*flags, *lagging, *overrides, *triggers), tmp_path)
     run_dir = only_run_folder(output_dir)
 
     (window,) = windows(run_dir)
@@ -292,7 +292,7 @@ def test_a_request_for_rank_1_of_a_ddp_job_is_recorded_there_alone(tmp_path: Pat
     overrides = ["log_every_n_steps=10", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
     triggers = ["triggers.enabled=true", "triggers.request_poll_s=0.2", "triggers.drift=false"]
     triggers += ["triggers.slow_rank=false", "triggers.memory=false"]
-    job = start_job(example(*flags, *overrides, *triggers), tmp_path)
+    job = start_job(job_command(*flags, *overrides, *triggers), tmp_path)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not run_folders(output_dir) and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
@@ -324,7 +324,7 @@ def test_a_rank_dying_inside_a_triggered_window_ends_the_job_without_a_hang(tmp_
     overrides = ["log_every_n_steps=4", "throughput.warmup_steps=2", "system.enabled=false", "report.console=false"]
     triggers = ["triggers.enabled=true", "triggers.warmup_intervals=1", "triggers.drift=false", "triggers.steps=40"]
     started = time.monotonic()
-    command = example(*flags, *faults, *overrides, *triggers, "distributed.timeout_s=20")
+    command = job_command(*flags, *faults, *overrides, *triggers, "distributed.timeout_s=20")
     [(returncode, output)] = run_jobs([command], tmp_path)
 
     assert returncode != 0 and "injected failure on rank 1" in output, output[-6000:]

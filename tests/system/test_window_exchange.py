@@ -16,7 +16,7 @@ from anemoi_profiler.profiling.window_events import DEVICE, LAUNCH, STEP, Window
 from anemoi_profiler.profiling.window_summarizer import write_kernel_names
 from anemoi_profiler.profiling.window_summary import VECTOR_LENGTH, summarize
 from anemoi_profiler.run_files.layout import METRICS_FILE, kernel_names_path, window_dir, window_summary_path
-from tests.helpers.jobs import FAST, SMALL_WINDOWS, example, only_run, only_run_folder, run_ok
+from tests.helpers.jobs import FAST, SMALL_WINDOWS, job_command, only_run, only_run_folder, run_ok
 
 
 @pytest.mark.parametrize(("world_size", "table_kb"), [(8, 5.76), (64, 46.1), (1000, 720.0)])
@@ -46,7 +46,7 @@ def test_a_single_process_exchange_reads_the_names_and_gives_every_window(tmp_pa
 @pytest.mark.slow
 def test_two_gloo_ranks_write_one_table_and_the_spread_metrics(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
-    run_ok(example("--devices=2", f"--output-dir={output_dir}", *FAST, *SMALL_WINDOWS), tmp_path)
+    run_ok(job_command("--devices=2", f"--output-dir={output_dir}", *FAST, *SMALL_WINDOWS), tmp_path)
     run_dir = only_run_folder(output_dir)
     metrics = only_run(f"sqlite:///{output_dir / 'mlflow.db'}").data.metrics
     for window in (0, 1):

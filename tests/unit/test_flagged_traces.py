@@ -13,7 +13,7 @@ from anemoi_profiler.cluster.flagged_traces import FLAG_FIELDS, flagged_ranks, k
 from anemoi_profiler.profiling.window_summary import FIELD_NAMES, VECTOR_LENGTH
 from anemoi_profiler.profiling.window_table import WindowTable
 from anemoi_profiler.run_files.layout import HELD_SUFFIX, trace_path, window_summary_path
-from tests.helpers.jobs import FAST, SMALL_WINDOWS, example, only_run_folder, run_ok
+from tests.helpers.jobs import FAST, SMALL_WINDOWS, job_command, only_run_folder, run_ok
 
 
 def table_of(idle_pct: list[float]) -> WindowTable:
@@ -56,7 +56,7 @@ def test_held_traces_are_renamed_where_flagged_and_deleted_elsewhere(tmp_path: P
 def test_two_gloo_ranks_with_flagged_traces_write_only_the_flagged_ranks_files(tmp_path: Path) -> None:
     output_dir = tmp_path / "runs"
     overrides = [*FAST, *SMALL_WINDOWS, "profiler.traces=flagged", "profiler.flag_distance_pct=1000"]
-    run_ok(example("--devices=2", f"--output-dir={output_dir}", *overrides), tmp_path)
+    run_ok(job_command("--devices=2", f"--output-dir={output_dir}", *overrides), tmp_path)
     run_dir = only_run_folder(output_dir)
     for window in (0, 1):
         with window_summary_path(run_dir, "train", window, ".csv").open() as file:

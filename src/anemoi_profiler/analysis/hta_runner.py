@@ -74,7 +74,14 @@ def require_hta() -> None:
 
 
 def plan_analyses(check: WindowCheck) -> tuple[list[str], dict[str, str]]:
-    """The analyses the traces can support, and a one-line reason for each one they cannot."""
+    """The analyses the traces can support, and a one-line reason for each one they cannot.
+
+    Args:
+        check: What `check_window` read of a trace folder.
+
+    Returns:
+        The names of the analyses to run, and a reason by name for each one left out.
+    """
     if not check.gpu_kernels:
         return [], dict.fromkeys(ANALYSIS_NAMES, NO_GPU_KERNELS)
     skipped = {}
@@ -110,8 +117,25 @@ def analyze_window(
     memory_limit_mb: float | None = None,
     ranks: Collection[int] | None = None,
 ) -> dict[str, Any]:
-    """Analyse one trace folder (one file per rank; of `ranks` only, when given); raise TraceError naming a
-    corrupt file."""
+    """Analyse one trace folder (one file per rank; of `ranks` only, when given).
+
+    Args:
+        folder: A folder with one trace file per rank.
+        out_dir: Where HTA's tables and `summary.json` go.
+        time_limit_s: Seconds for all analyses together (default 300); those left when it runs out are
+            skipped, saying so.
+        memory_limit_mb: Resident memory past which the HTA process is stopped; None: no limit.
+        ranks: The ranks to analyse; None: every rank with a file.
+
+    Returns:
+        The window's summary, with what ran and what was skipped (and why), the figures per rank, and the
+        `metrics` for MLflow.
+
+    Raises:
+        NoTracesError: The folder holds no trace files (of `ranks`).
+        TraceError: A file is corrupt or not a Chrome trace; the message names it.
+        HtaNotInstalledError: HTA is not installed.
+    """
     limits = Limits.starting_now(time_limit_s, memory_limit_mb)
     check = check_window(Path(folder), ranks)
     require_hta()
@@ -129,6 +153,23 @@ def analyze(
     process is stopped past `memory_limit_mb` of resident memory. `ranks` picks the ranks analysed.
 
     Every file is checked before HTA starts, so that a corrupt file fails in seconds, not after minutes.
+
+    Args:
+        target: A run folder (every window below its `traces/`), a trace folder, or a downloaded `traces/`.
+        out_dir: Where the results go, one folder per window, with `summary.json` over all of them.
+        time_limit_s: Seconds for every window together (default 300); analyses left when it runs out are
+            skipped, saying so.
+        memory_limit_mb: Resident memory past which the HTA process is stopped; None: no limit.
+        ranks: The ranks to analyse; None: every rank with a file.
+
+    Returns:
+        The summary written to `out_dir/summary.json`, with one entry per window in `windows` and the
+        `metrics` (`<window>/...` names) for MLflow.
+
+    Raises:
+        NoTracesError: No trace files in or below `target`.
+        TraceError: A file is corrupt or not a Chrome trace; the message names it.
+        HtaNotInstalledError: HTA is not installed.
     """
     started = time.monotonic()
     limits = Limits.starting_now(time_limit_s, memory_limit_mb)
@@ -166,7 +207,14 @@ def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """Plain text for the console: per window the ranks, idle and overlap per rank, the top kernels,
-    and what was skipped or failed and why. Takes `analyze()`'s or `analyze_window()`'s summary."""
+    and what was skipped or failed and why.
+
+    Args:
+        summary: What `analyze()` or `analyze_window()` returned.
+
+    Returns:
+        The text, several lines.
+    """
     lines = []
     if "windows" in summary:
         lines.append(

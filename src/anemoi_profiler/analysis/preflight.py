@@ -169,7 +169,17 @@ def find_window_dirs(target: Path) -> list[Path]:
     """Folders to analyse, in natural order (window_2 before window_10): for a run folder, every folder
     below `<run>/traces` that holds trace files; for a folder with trace files directly in it, that
     folder; otherwise (a downloaded `traces` folder) every folder below it that holds trace files.
-    Folders named `hta` hold our results and are skipped."""
+    Folders named `hta` hold our results and are skipped.
+
+    Args:
+        target: A run folder, a trace folder, or a folder of trace folders.
+
+    Returns:
+        The folders; empty for a run folder whose run had no profiling windows.
+
+    Raises:
+        NoTracesError: `target` is not a folder.
+    """
     target = Path(target)
     if not target.is_dir():
         raise NoTracesError(f"no such folder: {target}")
@@ -194,7 +204,19 @@ def window_name(folder: Path, target: Path) -> str:
 
 def check_window(folder: Path, ranks: Collection[int] | None = None) -> WindowCheck:
     """Read every trace file of a folder (of `ranks` only, when given); raise TraceError naming the first
-    unreadable one. A rank's file is picked by the rank in its head, so the others are never read whole."""
+    unreadable one. A rank's file is picked by the rank in its head, so the others are never read whole.
+
+    Args:
+        folder: A folder of trace files, one per rank.
+        ranks: The ranks to read; None: every file.
+
+    Returns:
+        The files read and what they hold (kernels, collectives, steps), for `plan_analyses`.
+
+    Raises:
+        NoTracesError: No such folder, no trace files in it, or none of `ranks`.
+        TraceError: A file is corrupt or not a Chrome trace; the message names it.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise NoTracesError(f"no such folder: {folder}")

@@ -54,6 +54,12 @@ class ProfilerCallback(Callback):
     `DictConfig`), so LightningCLI's `init_args` and Hydra's `instantiate` can build a callback from YAML.
     Callbacks given a config rather than a session, on one trainer and with equal configs, share the
     session of the first of them: one run folder, one MLflow run and one report, as `build_callbacks` gives.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
     """
 
     def __init__(

@@ -22,7 +22,16 @@ log = get_logger(__name__)
 
 
 class HtaCallback(ProfilerCallback):
-    """Put it after TorchProfilerCallback (build_callbacks does), so the traces are complete when it runs."""
+    """Runs HTA on the run's trace windows at the end, on rank 0 after the other ranks are released, and logs
+    its metrics under `hta/...`. Put it after TorchProfilerCallback (build_callbacks does), so the traces are
+    complete when it runs.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+    """
 
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         if self.session.is_global_zero and self.session.run_dir is not None:

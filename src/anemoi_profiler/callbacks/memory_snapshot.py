@@ -95,7 +95,14 @@ class WindowSnapshot:
 
 class MemorySnapshotCallback(ProfilerCallback):
     """Records CUDA allocation history for a window of training batches (and from the fit start when
-    `on_exception`) and writes `memory/snapshot_rank<r>.pickle`; on CPU it notes that it was skipped."""
+    `on_exception`) and writes `memory/snapshot_rank<r>.pickle`; on CPU it notes that it was skipped.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+    """
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         options = self.config.memory_snapshot

@@ -313,6 +313,14 @@ class ModelSummaryCallback(ProfilerCallback):
     """Writes `model_summary.txt` and logs `model/total_params`, `model/trainable_params`, `model/mult_adds`.
 
     `input_fn(batch)` returns the model's inputs when the default rule (module docstring) does not fit.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+        input_fn: Turns a batch into the model's forward arguments (a tuple, a dict, or one input); None: the
+            default rule. Where the forward fails, the summary keeps the parameter counts and says why.
     """
 
     def __init__(

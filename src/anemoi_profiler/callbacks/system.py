@@ -34,6 +34,16 @@ from anemoi_profiler.trainer import trainer_info
 
 
 class SystemMetricsCallback(ProfilerCallback):
+    """Samples CPU, memory, disk, network and GPUs every `system.interval_s` into MLflow's `system/...` metrics,
+    one sampler thread per node, and reports energy per sample at the end.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+    """
+
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         self.sampler: SystemMetricsSampler | None = None
         self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])

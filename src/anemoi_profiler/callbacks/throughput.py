@@ -43,6 +43,15 @@ class ThroughputCallback(StageCallback):
     `length_fn(batch) -> int` counts items (tokens, grid points) for `items_per_sec`; `batch_size_fn`
     overrides the default sample count (dim 0 of the first tensor in the batch). Both may also be given as
     'module:function' strings in the config. Return Python ints: reading a CUDA tensor forces a sync.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+        length_fn: Counts the items of a batch; None: `throughput.length_fn`, else no item rates.
+        batch_size_fn: Counts the samples of a batch; None: `throughput.batch_size_fn`, else dim 0 of the
+            batch's first tensor.
     """
 
     def __init__(

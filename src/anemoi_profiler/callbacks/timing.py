@@ -25,7 +25,14 @@ from anemoi_profiler.trainer import trainer_info
 
 
 class StepTimingCallback(StageCallback):
-    """Logs `time/{train,val}/step_ms`, data and collective waits and `memory/...` per interval (see `rank_figures`)."""
+    """Logs `time/{train,val}/step_ms`, data and collective waits and `memory/...` per interval (see `rank_figures`).
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+    """
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_session_start(trainer, pl_module)

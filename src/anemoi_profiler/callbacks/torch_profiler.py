@@ -42,7 +42,16 @@ log = get_logger(__name__)
 
 
 class TorchProfilerCallback(ProfilerCallback):
-    """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`."""
+    """Records `profiler.train` and `profiler.val` windows; writes `traces/`, `time_report.*`, `memory_report.*`.
+
+    Args:
+        config: The profiler's config, or what `ProfilerConfig.load` reads; used when `session` is None.
+            None: the defaults.
+        session: The session shared with the other callbacks of the run (`build_callbacks` passes it); None:
+            one made from `config`, shared with the trainer's earlier profiler callbacks of an equal config.
+        scheduled: Record the `profiler.train`/`profiler.val` windows. False: only triggered and requested
+            windows (what `build_callbacks` adds for triggers without the profiler).
+    """
 
     def __init__(
         self,
@@ -50,7 +59,6 @@ class TorchProfilerCallback(ProfilerCallback):
         session: ProfilerSession | None = None,
         scheduled: bool = True,
     ) -> None:
-        """`scheduled=False`: only triggered windows (what `build_callbacks` adds for triggers without profiler)."""
         super().__init__(config, session)
         self._scheduled = scheduled
         self._watch: TriggerWatch | None = None

@@ -60,6 +60,14 @@ class AnemoiProfiler(Callback):
     `preset` (`simple` or `detailed`) is the starting point, `config` the keys of the profiler's tree that
     differ from it (as in a YAML config file; docs/configuration.md), `overrides` `key=value` strings on top.
     The config is checked here, so a typo fails when anemoi builds its callbacks, before training.
+
+    Args:
+        preset: The preset the config starts from: `simple` or `detailed`.
+        config: Keys of the profiler's tree merged over the preset; None: the preset as it is.
+        overrides: `key=value` strings applied last.
+
+    Raises:
+        ConfigError: An unknown preset or an invalid config.
     """
 
     def __init__(

@@ -57,6 +57,12 @@ def wait_for_mlflow(timeout_s: float = 60.0) -> bool:
     `timeout_s`). A fit that ends before its MLflow sender has started returns at once and leaves the delivery
     to the background: call this before reading such a run back from MLflow. False when a delivery it waited
     for is still going on at the timeout or left batches in its spool (a warning says where).
+
+    Args:
+        timeout_s: The most seconds to wait, for all runs together.
+
+    Returns:
+        True when everything waited for reached MLflow.
     """
     return _wait_for_deliveries(timeout_s)
 

@@ -15,7 +15,15 @@ def default_tracking_uri(output_dir: str | Path) -> str:
 
 
 def artifact_location_for(tracking_uri: str) -> str | None:
-    """Artifacts of a sqlite store go beside its database, not into ./mlruns of whatever the cwd is."""
+    """Artifacts of a sqlite store go beside its database, not into ./mlruns of whatever the cwd is.
+
+    Args:
+        tracking_uri: The MLflow tracking URI the run will use.
+
+    Returns:
+        The URI of the `mlartifacts/` folder beside the sqlite file, for
+        `MLFlowLogger(artifact_location=...)`; None for other stores, whose server decides.
+    """
     if not tracking_uri.startswith("sqlite:///"):
         return None
     return (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
