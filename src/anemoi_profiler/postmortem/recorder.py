@@ -1,10 +1,15 @@
 """The session's post-mortem: what a run that stalls, runs out of memory or is stopped leaves in postmortem/.
 
 Made with the session (so NCCL's Flight Recorder is on before the process group exists), started with the run
-folder, armed when training starts (the stall watchdog, the signal handlers), and closed at the session's end.
-It adds nothing to a step: the watchdog reads the stage clock's counters from its own thread, the rest runs
-only on an error or a signal. What it finds goes to the MLflow run at once (rank 0's sink, or the sink of the
-rank that failed): the tag `profiler.postmortem` and the description, while the job still hangs.
+folder (where the Flight Recorder dumps, CUDA's out-of-memory observer), armed when training starts (the stall
+watchdog, the signal handlers), and closed at the session's end. Nothing of it runs per step on the training
+thread: the watchdog reads the stage clock's counters from its own thread, the rest runs only on an error or a
+signal; only `postmortem.memory_history` (off by default) makes CUDA record every allocation.
+
+Each rank writes its own records. Rank 0, the one rank with an MLflow sink, also tells the run at once, while
+the job still hangs: the tag `profiler.postmortem` and a line of the description; at the end it tags the run
+with every kind of record in postmortem/. A signal with no handler of its own to call ends the process: rank 0
+first writes metrics.json and closes the MLflow run as KILLED.
 """
 
 from __future__ import annotations
