@@ -1,7 +1,10 @@
 """The package's loggers: every message starts with `PREFIX`, written here once.
 
 The profiler speaks inside someone else's training log, through the handlers of Lightning or the user: the
-prefix tells its lines apart. `warning_once` says a recurring problem once per owner (a sink, a thread, a stage).
+prefix tells its lines apart. So every module logs through `get_logger`, and no message types the prefix.
+Lines that are printed rather than logged, because they must show whatever the logging setup (a command's answers
+and errors, where a run went), start with `PREFIX` too. `warning_once` says a recurring problem once per owner
+(a sink, a thread, a stage).
 """
 
 from __future__ import annotations

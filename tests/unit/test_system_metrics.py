@@ -11,6 +11,7 @@ import time
 import pytest
 
 from anemoi_profiler import names
+from anemoi_profiler.logs import PREFIX
 from anemoi_profiler.measure.nvidia import NvidiaGpuResource
 from anemoi_profiler.measure.system_metrics import MIN_CPU_WINDOW_S, SystemMetricsSampler, SystemResource
 from anemoi_profiler.measure.visible_devices import visible_gpu_uuids
@@ -172,7 +173,8 @@ def test_failing_publish_is_logged_once_and_sampling_goes_on(caplog: pytest.LogC
         sampler.stop()
 
     assert [record.getMessage() for record in caplog.records if "publish" in record.getMessage()] == [
-        "System metrics: publish failed (ConnectionError('tracking server away')); further failures are not logged."
+        f"{PREFIX}System metrics: publish failed (ConnectionError('tracking server away')); "
+        "further failures are not logged."
     ]
 
 
@@ -202,7 +204,8 @@ def test_failing_resource_is_logged_once_and_others_continue(caplog: pytest.LogC
         run_sampler(recorder, samples=3, extra_resources=[BrokenResource(), ConstantResource()])
 
     assert [record.getMessage() for record in caplog.records] == [
-        "System metrics: resource 'broken' failed (OSError('sensor unplugged')); further failures are not logged."
+        f"{PREFIX}System metrics: resource 'broken' failed (OSError('sensor unplugged')); "
+        "further failures are not logged."
     ]
     for metrics, _ in recorder.samples:
         assert metrics[names.system("answer")] == 42.0
@@ -231,7 +234,7 @@ def test_gpu_metrics_appear_exactly_when_nvml_reads_gpus(caplog: pytest.LogCaptu
     gpu_keys = {key for key in metrics if key.startswith(names.system("gpu_"))}
     if gpus is None:
         assert gpu_keys == set()
-        assert any(record.getMessage().startswith("No GPU system metrics") for record in caplog.records)
+        assert any(record.getMessage().startswith(f"{PREFIX}No GPU system metrics") for record in caplog.records)
     else:
         expected = {names.gpu(ordinal, name) for ordinal in gpus.handles for name in GPU_NAMES}
         assert gpu_keys <= expected

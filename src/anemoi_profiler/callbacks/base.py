@@ -87,7 +87,7 @@ class ProfilerCallback(Callback):
         try:
             self.session.postmortem.exception(trainer, exception)  # an out-of-memory error: its record
         except Exception as error:
-            log.warning("anemoi-profiler: could not record the error: %s: %s", type(error).__name__, error)
+            log.warning("could not record the error: %s: %s", type(error).__name__, error)
         self._end(trainer, "KILLED" if stopped else "FAILED")
 
     def _share_session(self, trainer: Any) -> None:

@@ -1,7 +1,8 @@
 """Training and validation throughput: samples/s, batches/s, items/s, per device and global, and MFU.
 
-Unlike Lightning's ThroughputMonitor, nothing here synchronizes the device per step (that costs +10.5% step
-time on an H200): intervals are timed with CUDA events read an interval later (see `intervals`).
+Unlike Lightning's ThroughputMonitor, nothing here synchronizes the device per step (a sync drains the device's
+queue and lengthens the step it measures): intervals are timed with CUDA events read an interval later (see
+`clock.intervals`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from anemoi_profiler.cli import request_command as request
 from anemoi_profiler.cli import summarize_command as summarize
 from anemoi_profiler.cli import sync_command as sync
 from anemoi_profiler.config import ConfigError
+from anemoi_profiler.logs import PREFIX
 
 COMMANDS = (demo, component, report, compare, config, analyze, summarize, sync, request)
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ConfigError as error:
-        print(f"anemoi-profiler: config error: {error}", file=sys.stderr)
+        print(f"{PREFIX}config error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

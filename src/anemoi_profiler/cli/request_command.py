@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from anemoi_profiler.logs import PREFIX
 from anemoi_profiler.run_files.layout import CONFIG_FILE, ENVIRONMENT_FILE, REQUEST_FILE, WINDOWS_FILE
 from anemoi_profiler.triggers.requests import (
     REQUEST_TAG,
@@ -52,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         request = new_request(args.steps, _ranks(args.ranks), args.memory)
     except ValueError as error:
-        print(f"anemoi-profiler: {error}", file=sys.stderr)
+        print(f"{PREFIX}{error}", file=sys.stderr)
         return 1
     run_dir = Path(args.target)
     if run_dir.is_dir():
         if not (run_dir / CONFIG_FILE).is_file():
-            print(f"anemoi-profiler: {run_dir} is not a run folder (no {CONFIG_FILE})", file=sys.stderr)
+            print(f"{PREFIX}{run_dir} is not a run folder (no {CONFIG_FILE})", file=sys.stderr)
             return 1
         world_size = _world_size(run_dir)
         if world_size is not None and any(rank >= world_size for rank in request.ranks):
             known = f"the job has {world_size} ranks (0 to {world_size - 1})"
-            print(f"anemoi-profiler: --ranks: got {request.ranks}, {known}", file=sys.stderr)
+            print(f"{PREFIX}--ranks: got {request.ranks}, {known}", file=sys.stderr)
             return 1
         write_request(run_dir, request)
         where = str(run_dir)
@@ -70,27 +71,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            print(f"anemoi-profiler: {args.target} is no folder; for a run id give --tracking-uri", file=sys.stderr)
+            print(f"{PREFIX}{args.target} is no folder; for a run id give --tracking-uri", file=sys.stderr)
             return 1
         try:
             answer = _ask_mlflow(uri, args.target, request)
         except Exception as error:  # MLflow's errors: an unknown run, an unreachable server
             print(
-                f"anemoi-profiler: cannot ask run {args.target}: {(str(error).splitlines() or [''])[0]}",
+                f"{PREFIX}cannot ask run {args.target}: {(str(error).splitlines() or [''])[0]}",
                 file=sys.stderr,
             )
             return 1
         where = f"MLflow run {args.target}"
-    print(f"anemoi-profiler: requested a {request.steps}-step window (request {request.id}) in {where}")
+    print(f"{PREFIX}requested a {request.steps}-step window (request {request.id}) in {where}")
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         served = answer()
         if served is not None:
-            print(f"anemoi-profiler: served as train window {served[0]} from batch {served[1]}")
+            print(f"{PREFIX}served as train window {served[0]} from batch {served[1]}")
             return 0
         time.sleep(0.5)
     if args.wait:
-        print(f"anemoi-profiler: not served within {args.wait:g} s (does the job have triggers.enabled?)")
+        print(f"{PREFIX}not served within {args.wait:g} s (does the job have triggers.enabled?)")
         return 3
     return 0
 

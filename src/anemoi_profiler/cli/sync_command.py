@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from anemoi_profiler.logs import PREFIX
 from anemoi_profiler.redaction import redact_text
 from anemoi_profiler.run_files.layout import spool_dirs
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     spools = spool_dirs(args.run_folder)
     if not spools:
-        print(f"anemoi-profiler: nothing to sync: no spool in {args.run_folder}", file=sys.stderr)
+        print(f"{PREFIX}nothing to sync: no spool in {args.run_folder}", file=sys.stderr)
         return 1
     failed = 0
     for spool in spools:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             sent, left = replay_spool(spool, MlflowTarget(spool, args.tracking_uri))
         except Exception as error:
             reason = redact_text(" ".join(str(error).split()))
-            print(f"anemoi-profiler: {spool}: MLflow did not accept the spool: {reason}", file=sys.stderr)
+            print(f"{PREFIX}{spool}: MLflow did not accept the spool: {reason}", file=sys.stderr)
             failed += 1
             continue
         print(f"{spool}: sent {sent} batch(es), {left} left")

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from statistics import fmean  # statistics.mean sums Fractions: 9 µs a call, fmean 0.3 µs
+from statistics import fmean  # statistics.mean sums exact Fractions; fmean sums floats, far cheaper
 
 from anemoi_profiler import names
 from anemoi_profiler.clock import PEAK_FIELDS, RankTotals

@@ -3,7 +3,7 @@
 A step's duration is the host time from the previous batch's end to its own end, as the stage clock's batch
 hooks see them: the whole cycle a step costs (data fetch, forward, backward, optimizer, other callbacks), what
 throughput is made of. Recording is one `perf_counter` read and two stores into arrays allocated up front (grown
-by doubling when a run is longer): about 1 µs a step; nothing is written until the run's end. On CUDA the
+by doubling when a run is longer); nothing is written until the run's end. On CUDA the
 host runs ahead of the device, but only by a bounded queue: over a steady run its step times follow the
 device's, and they never wait for it (no sync).
 

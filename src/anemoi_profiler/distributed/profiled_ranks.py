@@ -3,8 +3,9 @@
 `auto`, the default, profiles every rank of a job of up to `EVERY_RANK_UP_TO` ranks (one node of 8 GPUs), so
 such jobs get every rank's trace and HTA's cross-rank analyses see the whole job. A larger job gets at most
 `MOST_RANKS`, whatever its size: each rank's trace is a file per window, and HTA loads every trace of a window
-into one process (about 1 s and 25 MB per rank), so all ranks of a 1,000-rank job would write 1,000 files a
-window and exceed the analysis' time and memory limits. The selection shows what differs between ranks:
+into one process, its time and memory growing with each rank's trace, so all ranks of a 1,000-rank job would
+write 1,000 files a window and exceed the analysis' time and memory limits. The selection shows what differs
+between ranks:
 
 - every rank of rank 0's node (at most `EVERY_RANK_UP_TO`): one node's GPUs side by side, which differ by
   their place on the node (NUMA domain, links);

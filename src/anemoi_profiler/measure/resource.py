@@ -8,11 +8,12 @@ metric names without the `system/` prefix. GPU resources also report energy per 
 from __future__ import annotations
 
 import abc
-import logging
 from collections.abc import Callable
 from typing import Any
 
-LOGGER = logging.getLogger(__name__)
+from anemoi_profiler.logs import get_logger
+
+LOGGER = get_logger(__name__)
 
 
 class SystemResource(abc.ABC):

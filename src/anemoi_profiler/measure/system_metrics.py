@@ -9,7 +9,6 @@ This module only measures; the caller's ``publish`` decides where the values go.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -20,13 +19,14 @@ from typing import Any
 import psutil
 
 from anemoi_profiler import names
+from anemoi_profiler.logs import get_logger
 from anemoi_profiler.measure.amd import AmdGpuResource
 from anemoi_profiler.measure.nvidia import NvidiaGpuResource
 from anemoi_profiler.measure.powercap import POWERCAP_ROOT, CpuPackageEnergy
 from anemoi_profiler.measure.resource import SystemResource
 from anemoi_profiler.report_sections import MB
 
-LOGGER = logging.getLogger(__name__)
+LOGGER = get_logger(__name__)
 
 MIN_CPU_WINDOW_S = 0.1  # psutil's advice: shorter windows give noisy utilisation
 

@@ -10,7 +10,6 @@ the largest allocation sites. The snapshot opens at pytorch.org/memory_viz. Noth
 from __future__ import annotations
 
 import json
-import logging
 import pickle
 import re
 import socket
@@ -21,11 +20,12 @@ from typing import Any
 import psutil
 import torch
 
+from anemoi_profiler.logs import get_logger
 from anemoi_profiler.postmortem.stacks import describe, frames_of_traceback, phase_of, user_frame
 from anemoi_profiler.profiling import torch_private
 from anemoi_profiler.run_files.layout import oom_path
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MB = 1024 * 1024
 TOP_SITES = 10
@@ -64,7 +64,7 @@ def start_memory_history(entries: int) -> bool:
         torch_private.record_memory_history(entries, python_stacks_only=True)
         return True
     except Exception as error:  # ROCm builds without it, say
-        log.warning("anemoi-profiler: no CUDA memory history: %s: %s", type(error).__name__, error)
+        log.warning("no CUDA memory history: %s: %s", type(error).__name__, error)
         return False
 
 
@@ -77,7 +77,7 @@ def attach_observer() -> None:
         torch_private.attach_out_of_memory_observer(_on_out_of_memory)
         _observer_attached = True
     except Exception as error:  # a build without it
-        log.info("anemoi-profiler: no out-of-memory observer: %s: %s", type(error).__name__, error)
+        log.info("no out-of-memory observer: %s: %s", type(error).__name__, error)
 
 
 def _on_out_of_memory(device: int, requested: int, device_allocated: int, device_free: int) -> None:

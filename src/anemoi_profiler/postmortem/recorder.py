@@ -1,15 +1,19 @@
 """The session's post-mortem: what a run that stalls, runs out of memory or is stopped leaves in postmortem/.
 
 Made with the session (so NCCL's Flight Recorder is on before the process group exists), started with the run
-folder, armed when training starts (the stall watchdog, the signal handlers), and closed at the session's end.
-It adds nothing to a step: the watchdog reads the stage clock's counters from its own thread, the rest runs
-only on an error or a signal. What it finds goes to the MLflow run at once (rank 0's sink, or the sink of the
-rank that failed): the tag `profiler.postmortem` and the description, while the job still hangs.
+folder (where the Flight Recorder dumps, CUDA's out-of-memory observer), armed when training starts (the stall
+watchdog, the signal handlers), and closed at the session's end. Nothing of it runs per step on the training
+thread: the watchdog reads the stage clock's counters from its own thread, the rest runs only on an error or a
+signal; only `postmortem.memory_history` (off by default) makes CUDA record every allocation.
+
+Each rank writes its own records. Rank 0, the one rank with an MLflow sink, also tells the run at once, while
+the job still hangs: the tag `profiler.postmortem` and a line of the description; at the end it tags the run
+with every kind of record in postmortem/. A signal with no handler of its own to call ends the process: rank 0
+first writes metrics.json and closes the MLflow run as KILLED.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import signal
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from anemoi_profiler.config_sections import PostmortemConfig
+from anemoi_profiler.logs import get_logger
 from anemoi_profiler.postmortem import oom
 from anemoi_profiler.postmortem.signals import SignalRecorder
 from anemoi_profiler.postmortem.stacks import describe, frames_of, phase_of, thread_stacks, user_frame
@@ -42,7 +47,7 @@ from anemoi_profiler.run_files.postmortem_files import (
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.trainer import trainer_info
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 HEADING = "**anemoi-profiler: post-mortem**"
 CLOSE_TIMEOUT_S = 30.0
@@ -134,7 +139,7 @@ class PostmortemRecorder:
                 self._history_started = False
                 torch_private.stop_memory_history()
         except Exception as error:
-            log.warning("anemoi-profiler: could not end the post-mortem watch: %s: %s", type(error).__name__, error)
+            log.warning("could not end the post-mortem watch: %s: %s", type(error).__name__, error)
         self._trainer = self._clock = None
 
     def header(self) -> dict[str, str]:
@@ -163,7 +168,7 @@ class PostmortemRecorder:
             return
         batches = self._clock.train_batches_seen if self._clock is not None else 0
         path = oom.record(self.run_dir, self.rank, trainer_info.global_step(trainer), batches, error, found)
-        log.warning("anemoi-profiler: rank %d ran out of memory (%s); the record is %s", self.rank, found[0], path)
+        log.warning("rank %d ran out of memory (%s); the record is %s", self.rank, found[0], path)
         self._tell(OUT_OF_MEMORY, f"out of memory on rank {self.rank} at step {trainer_info.global_step(trainer)}")
 
     def _on_stall(self, merged: dict[str, Any]) -> None:
@@ -186,7 +191,7 @@ class PostmortemRecorder:
             "threads": thread_stacks(),
         }
         write_json(signal_path(self.run_dir, self.rank), record)
-        log.warning("anemoi-profiler: rank %d received %s at step %d", self.rank, signum.name, step)
+        log.warning("rank %d received %s at step %d", self.rank, signum.name, step)
         # MLflow's client and the sink's queue may be mid-call on this very thread: send from another one
         sender = threading.Thread(target=self._tell_and_end, args=(stopped(record), ends), daemon=True)
         sender.start()
@@ -212,7 +217,7 @@ class PostmortemRecorder:
             self.sink.set_tags({TAG: ",".join(self._kinds)})
             self.sink.set_description(f"{HEADING}\n\n{_escape(what)}.")
         except Exception as error:
-            log.warning("anemoi-profiler: could not tell MLflow (%s): %s: %s", what, type(error).__name__, error)
+            log.warning("could not tell MLflow (%s): %s: %s", what, type(error).__name__, error)
 
 
 def _turn_on_flight_recorder() -> None:
@@ -250,7 +255,7 @@ def _dump_flight_recorder(folder: Path) -> dict[str, Any] | None:
         path.write_bytes(dump)
         return last_collectives(pickle.loads(dump))
     except Exception as error:
-        log.info("anemoi-profiler: no Flight Recorder dump: %s: %s", type(error).__name__, error)
+        log.info("no Flight Recorder dump: %s: %s", type(error).__name__, error)
         return None
 
 

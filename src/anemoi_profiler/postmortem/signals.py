@@ -11,7 +11,6 @@ a hung job's stall record (written before) is what tells where it hung.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -19,7 +18,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-log = logging.getLogger(__name__)
+from anemoi_profiler.logs import get_logger
+
+log = get_logger(__name__)
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
@@ -60,7 +61,7 @@ class SignalRecorder:
         try:
             self._on_signal(signal.Signals(signum), frame, ends)
         except Exception as error:
-            log.warning("anemoi-profiler: could not record %s: %s: %s", signum, type(error).__name__, error)
+            log.warning("could not record %s: %s: %s", signum, type(error).__name__, error)
         if callable(previous):
             previous(signum, frame)
             return

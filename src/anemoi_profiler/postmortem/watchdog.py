@@ -12,7 +12,6 @@ adds how long the stall lasted. It never stops or aborts the job.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -22,11 +21,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from anemoi_profiler.logs import get_logger
 from anemoi_profiler.postmortem.stacks import BACKWARD, describe, phase_of, thread_stacks, user_frame
 from anemoi_profiler.run_files.layout import stall_part_path, stall_path
 from anemoi_profiler.run_files.postmortem_files import GRADIENT_ALL_REDUCE, merge_stall, read_parts
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 AUTO_MIN_S = 300.0
 """`stall_after_s: auto`: never less than five minutes (a checkpoint, a validation pass, an epoch's start)..."""
@@ -100,7 +100,7 @@ class StallWatchdog:
         try:
             self._watch()
         except Exception as error:  # the watchdog is gone, the training goes on
-            log.warning("anemoi-profiler: the stall watchdog stopped: %s: %s", type(error).__name__, error)
+            log.warning("the stall watchdog stopped: %s: %s", type(error).__name__, error)
 
     def _watch(self) -> None:
         self._seen, self._since = self.progress.finished(), time.monotonic()
@@ -155,8 +155,7 @@ class StallWatchdog:
         }
         part["last_collectives"] = self.dump_flight_recorder(stall_part_path(self.run_dir, episode, self.rank).parent)
         log.warning(
-            "anemoi-profiler: rank %d: no batch finished for %.0f s, after step %d; the training thread is in %s "
-            "at %s (%s)",
+            "rank %d: no batch finished for %.0f s, after step %d; the training thread is in %s at %s (%s)",
             self.rank,
             stalled_for_s,
             part["last_step"],

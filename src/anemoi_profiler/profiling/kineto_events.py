@@ -1,8 +1,8 @@
 """A finished window's events straight from torch.profiler's results: no trace file written or parsed.
 
 torch hands a window's events to Python only as a list of `_KinetoEvent` objects (`_ProfilerResult.events()`:
-no columnar or batched accessor exists), about 1 us and 100 bytes an event before anything is read. What this
-module adds to that floor is kept small: each field is read with `map` over the unbound accessor straight into
+no columnar or batched accessor exists): a Python object per event before anything is read. What this module
+adds to that floor is kept small: each field is read with `map` over the unbound accessor straight into
 a numpy array (`np.fromiter`: no Python loop, no per-event Python number kept), and only the fields the sweep
 needs: every event's category, start and duration; the name of annotations and device work only (operators
 are timed, not named: see `CPU_OP`; launch calls need only their correlation id); the stream of device work.

@@ -1,7 +1,7 @@
 """One profiled window's events as compact columns: what the summary sweeps, from kineto's results or a trace file.
 
-A name is stored once (`names`) and referenced by index, so 2.7 million events with a few thousand distinct
-names cost about 30 bytes each instead of a Python object apiece. Torch-free: `summarize` builds it from a
+A name is stored once (`names`) and referenced by index, so a window of millions of events with a few thousand
+distinct names costs about 30 bytes an event instead of a Python object apiece. Torch-free: `summarize` builds it from a
 saved Chrome trace, the profiler from its own events.
 """
 

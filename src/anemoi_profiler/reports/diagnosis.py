@@ -46,8 +46,8 @@ one rank holds the others back."""
 STRAGGLER_SHARE_HIGH = 0.30
 STRAGGLER_ABOVE_SPREAD = 1.0
 """Multiple of the step time's own spread between log intervals (median absolute deviation, per optimizer step)
-that a wait below `STRAGGLER_SHARE_HIGH` must pass to be told apart from the node's noise: balanced ranks on a busy
-2-core machine waited 11 % of a 5.7 ms step for one rank while the step time itself swung from 3.4 to 8.8 ms."""
+that a wait below `STRAGGLER_SHARE_HIGH` must pass to be told apart from the node's noise: on a busy machine,
+balanced ranks wait for one another more than `STRAGGLER_SHARE` of a step while the step time itself swings more."""
 DATA_EXPLAINS_STRAGGLER = 0.5
 """Share of the straggler's lead that its own extra data wait must cover to be named as the cause."""
 STARTUP_COVERS_TYPICAL = 0.5

@@ -39,9 +39,8 @@ MIN_STEADY_STEPS = 20
 """Fewer steady steps in a run than this cannot bound a median: the gate refuses to decide."""
 DRIFT_FLOOR_PCT = 10.0
 """With one run per side: the least drift assumed between runs of one configuration, as the standard deviation of a
-run's median step (%); `compare --drift-floor` sets another. Two runs of one script on the shared 2-core VM of the
-tests were +26 % apart (bounds +12 .. +42 % from their steps' noise), four in a row 1.23, 1.26, 1.34 and 2.29 ms:
-nothing inside one run shows that; docs/regression-gate.md."""
+run's median step (%); `compare --drift-floor` sets another. Runs of one script on a shared machine can differ by
+more than their steps' noise allows, and nothing inside one run shows that (docs/regression-gate.md)."""
 DRIFT_BLOCKS = 8
 """A run's steady steps are cut into this many consecutive blocks (at least `MIN_BLOCK_STEPS` each): the (robust)
 spread of their medians beyond what the steps' noise explains is the drift the run itself shows."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from anemoi_profiler.config import ProfilerConfig
+from anemoi_profiler.logs import PREFIX
 from anemoi_profiler.redaction import redact, redact_uri
 from anemoi_profiler.run_files.layout import (
     ARTIFACT_ROOT,
@@ -54,10 +55,10 @@ def upload_folder(sink: TrackingSink, run_dir: Path, kept_local: Collection[Path
 def print_where_to_look(run_dir: Path, sink: TrackingSink | None, *, sending: bool = False) -> None:
     """Where the run went: its folder, its MLflow run and how to open it. `sending`: the sink delivers in the
     background; `print_mlflow_run` then says where the MLflow run is once it is there."""
-    lines = [f"anemoi-profiler: run folder {run_dir}"]
+    lines = [f"{PREFIX}run folder {run_dir}"]
     if sink is not None and sending:
         lines.append(
-            f"anemoi-profiler: MLflow run at {redact_uri(sink.tracking_uri)}: sent in the background, "
+            f"{PREFIX}MLflow run at {redact_uri(sink.tracking_uri)}: sent in the background, "
             "before the process exits (anemoi_profiler.wait_for_mlflow() waits for it)"
         )
     elif sink is not None:
@@ -73,16 +74,16 @@ def print_mlflow_run(run_dir: Path, sink: TrackingSink) -> None:
 def _mlflow_run_lines(run_dir: Path, sink: TrackingSink) -> list[str]:
     if sink.run_id is None:
         return [
-            f"anemoi-profiler: no MLflow run was made at {redact_uri(sink.tracking_uri)} (the warnings above say why); "
+            f"{PREFIX}no MLflow run was made at {redact_uri(sink.tracking_uri)} (the warnings above say why); "
             f"the measurements wait in the run folder's spool: send them with: anemoi-profiler sync {run_dir}"
         ]
-    lines = [f"anemoi-profiler: MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}"]
+    lines = [f"{PREFIX}MLflow run {sink.run_id} at {redact_uri(sink.tracking_uri)}"]
     link = run_url(sink.tracking_uri, sink.experiment_id, sink.run_id)
     if link:
-        lines.append(f"anemoi-profiler: open it at {link}")
+        lines.append(f"{PREFIX}open it at {link}")
     elif sink.tracking_uri.startswith("sqlite:"):
-        lines.append(f"anemoi-profiler: open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
+        lines.append(f"{PREFIX}open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
         link = run_url(LOCAL_UI, sink.experiment_id, sink.run_id)
         if link:
-            lines.append(f"anemoi-profiler: then go to {link}")
+            lines.append(f"{PREFIX}then go to {link}")
     return lines

@@ -2,8 +2,8 @@
 
 A duration is stored as a whole number of `QUANTUM` steps on a log scale (relative error at most 0.1 %, far below
 any slowdown worth testing), as 16-bit offsets from the median code with their low and high bytes apart,
-zlib-compressed and base64-encoded in JSON: 13 KB per 10,000 steps at 3 % step-to-step noise (11 KB at 1 %,
-16 KB at 10 %), where the noise itself holds about 7.5 KB at this resolution (see docs/regression-gate.md).
+zlib-compressed and base64-encoded in JSON: about 13 KB per 10,000 steps at 3 % step-to-step noise, most of it
+the noise itself (docs/regression-gate.md).
 Each step has a flag byte that says why it is not steady state (`FLAGS`), so a reader can keep the steady steps
 only. Torch-free: `compare` reads it.
 """
