@@ -21,8 +21,15 @@ def window_spread(stage: str, field: str, statistic: str) -> str:
     return f"{WINDOW}{stage}/{field}_{statistic}"
 
 
+def all_in(metric: str) -> str:
+    """The end-of-run rate over every batch after the warmup and every second of it (profiling windows, slow
+    stretches, the profiler's own work and epoch starts in): `throughput/train/samples_per_sec` ->
+    `summary/train/samples_per_sec_all_in`."""
+    return summary_of(metric) + "_all_in"
+
+
 def with_epoch_starts(metric: str) -> str:
-    """The end-of-run rate that counts the time at epoch starts too:
+    """The all-in rate's older name, written beside it when an epoch start was measured:
     `throughput/train/samples_per_sec` -> `summary/train/samples_per_sec_with_epoch_starts`."""
     return summary_of(metric) + "_with_epoch_starts"
 
@@ -156,6 +163,8 @@ CPU_RSS_MB = memory("cpu_rss_mb")
 
 SUMMARY_TRAIN_SAMPLES_PER_SEC = summary_of(TRAIN_SAMPLES_PER_SEC)
 SUMMARY_TRAIN_BATCHES_PER_SEC = summary_of(TRAIN_BATCHES_PER_SEC)
+SUMMARY_TRAIN_SAMPLES_PER_SEC_ALL_IN = all_in(TRAIN_SAMPLES_PER_SEC)
+SUMMARY_TRAIN_BATCHES_PER_SEC_ALL_IN = all_in(TRAIN_BATCHES_PER_SEC)
 SUMMARY_VAL_SAMPLES_PER_SEC = summary_of(VAL_SAMPLES_PER_SEC)
 SUMMARY_TRAIN_SLOWEST_RANK = summary_of(TRAIN_SLOWEST_RANK)
 SUMMARY_TRAIN_STEP_MS = summary_of(TRAIN_STEP_MS)

@@ -179,34 +179,34 @@ def test_the_tally_keeps_steady_state_intervals_apart() -> None:
 
 def test_job_figures_sum_the_nodes_and_count_each_replicas_samples_once() -> None:
     # Two nodes of two ranks, tensor parallel in pairs: world size 4, data-parallel size 2.
-    def rank(node_share: dict[str, float] | None, samples: float) -> list[float]:
-        return EnergyShare(**(node_share or {}), samples=samples * 2 / 4).to_list()
+    def rank(node_share: dict[str, float] | None) -> list[float]:
+        return EnergyShare(**(node_share or {})).to_list()
 
     node = {"nodes": 1, "gpus": 2, "gpu_counters": 2, "gpu_joules": 7.2e6, "cpu_counters": 1, "cpu_joules": 3.6e6}
     ranks = [
-        rank({**node, "steady_gpu_joules": 600_000.0}, 1000),
-        rank(None, 1000),  # the tensor-parallel peer of rank 0 saw the same samples
-        rank({**node, "steady_gpu_joules": 400_000.0}, 1000),
-        rank(None, 1000),
+        rank({**node, "steady_gpu_watts": 600.0}),
+        rank(None),  # the ranks that do not sample a node bring nothing
+        rank({**node, "steady_gpu_watts": 400.0}),
+        rank(None),
     ]
-    summary, notes = EnergyShare.total(ranks).figures(10.0, [])
+    summary, notes = EnergyShare.total(ranks).figures(10.0, [], samples_per_sec=2000.0)
     assert summary == {
         names.SUMMARY_GPU_KWH: pytest.approx(4.0),
-        names.SUMMARY_JOULES_PER_SAMPLE: pytest.approx(1_000_000.0 / 2000),  # 2 replicas x 1000 samples
+        names.SUMMARY_JOULES_PER_SAMPLE: pytest.approx(1000.0 / 2000),  # the job's power over its steady samples/s
         names.SUMMARY_CPU_KWH: pytest.approx(2.0),
     }
     assert any("a GPU shared with other jobs counts their energy too" in note for note in notes)
 
 
 def test_job_figures_say_not_available_and_why() -> None:
-    missing = EnergyShare(nodes=1, gpus=2, gpus_without_counter=1, gpu_counters=1, gpu_joules=10.0, samples=5)
-    summary, notes = EnergyShare.total([missing.to_list()]).figures(10.0, [NO_ENERGY_COUNTER])
+    missing = EnergyShare(nodes=1, gpus=2, gpus_without_counter=1, gpu_counters=1, gpu_joules=10.0)
+    summary, notes = EnergyShare.total([missing.to_list()]).figures(10.0, [NO_ENERGY_COUNTER], 5.0)
     assert names.SUMMARY_GPU_KWH not in summary
     assert notes[0] == f"GPU energy: not available (1 of 2 GPUs have no energy counter: {NO_ENERGY_COUNTER})."
     assert notes[-1].startswith("CPU package energy: not available (")
 
-    short = EnergyShare(nodes=1, gpus=1, gpu_counters=1, gpu_joules=10.0, no_steady_interval=1, samples=5)
-    summary, notes = short.figures(30.0, [])
+    short = EnergyShare(nodes=1, gpus=1, gpu_counters=1, gpu_joules=10.0, no_steady_interval=1)
+    summary, notes = short.figures(30.0, [], 5.0)
     assert set(summary) == {names.SUMMARY_GPU_KWH}
     assert "they are 30 s apart: lower system.interval_s" in notes[0]
 
@@ -214,8 +214,14 @@ def test_job_figures_say_not_available_and_why() -> None:
 # ---- real fits with fake GPUs ----
 
 
+SLOW_STEPS = range(100, 120)
+"""Global steps that sleep 4x as long: at least one log interval of 20 is a slow stretch, which the headline sets
+apart, whatever else loads the machine."""
+
+
 class PhasedPower(TinyRegressor):
-    """High power in warmup and validation, steady power in steady-state training: only the latter must count."""
+    """High power in warmup and validation, steady power in steady-state training: only the latter must count.
+    The steps in `SLOW_STEPS` sleep 40 ms instead of 10: a slow stretch at the steady power."""
 
     def __init__(self, gpus: list[FakeGpu], steady_watts: list[float], warmup: int) -> None:
         super().__init__(step_sleep_s=0.01)
@@ -227,6 +233,7 @@ class PhasedPower(TinyRegressor):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         self._set([4 * w for w in self.steady_watts] if self.global_step < self.warmup else self.steady_watts)
+        self.step_sleep_s = 0.04 if self.global_step in SLOW_STEPS else 0.01
         return super().training_step(batch, batch_idx)
 
     def on_validation_start(self) -> None:
@@ -277,7 +284,8 @@ def test_energy_per_sample_counts_steady_state_power_only(
 
     report = read_report(tmp_path)
     system, throughput = report["System"]["data"], report["Throughput"]["data"]
-    # steady-state power x steady-state time / samples = power / samples per second
+    assert throughput["train/slow_stretch_s"] > 0  # the slow steps' interval is set apart from the headline
+    # steady power x steady seconds / steady samples over the headline's own intervals = power / its samples/s
     expected = sum(steady_watts) / throughput["train/samples_per_sec"]
     assert system["energy/joules_per_sample"] == pytest.approx(expected, rel=0.05)
     # the run's energy per sample, warmup and validation (at 3-4x the power) included, is far more
@@ -321,6 +329,4 @@ def test_without_throughput_there_is_energy_but_no_energy_per_sample(
     system = report["System"]
     assert system["data"]["energy/gpu_kwh"] > 0
     assert "energy/joules_per_sample" not in system["data"]
-    assert (
-        "Energy per sample: not available (no steady-state samples: ThroughputCallback counts them)" in (system["note"])
-    )
+    assert "Energy per sample: not available (no steady samples/s: ThroughputCallback measures them)" in system["note"]

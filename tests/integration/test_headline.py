@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -26,6 +27,7 @@ from anemoi_profiler.reports.description import md
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.run_files.layout import run_folders
+from anemoi_profiler.run_files.steps_file import PROFILED, read_steps
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 WARMUP = 3
@@ -197,3 +199,51 @@ def test_slow_stretches_are_intervals_over_one_and_a_half_times_the_median() -> 
     split = steady.split([slow, *intervals])
     assert split.slow == [slow] and split.steady == intervals
     assert steady.combined(split.steady) == {names.TRAIN_STEP_MS: 1.0}
+
+
+WINDOW_START, WINDOW_STEPS = 20, 12
+"""A torch.profiler window over batches 20-31 (wait 1, warmup 1, active 10), the detailed preset's length."""
+WINDOW_SLEEP_S = 0.1
+
+
+class SlowWindow(pl.Callback):
+    """Sleeps in each step of the profiling window: its steps run far slower than the rest, as under a profiler."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if WINDOW_START <= trainer.fit_loop.total_batch_idx < WINDOW_START + WINDOW_STEPS:
+            time.sleep(WINDOW_SLEEP_S)
+
+
+def test_a_profiling_windows_steps_are_out_of_the_headline_and_in_the_all_in_rate(tmp_path: Path) -> None:
+    """60 batches of 10 ms after a warmup of 3, 12 of them in a profiling window sleeping 100 ms each. The headline
+    counts no window step (no more batches than steps.json marks steady), and reads at least 1.5x the all-in rate,
+    which counts every batch after the warmup and the window's 1.2 s."""
+    window = [
+        "profiler.enabled=true",
+        "profiler.validation=false",
+        f"profiler.train.skip_first={WINDOW_START}",
+        "profiler.train.wait=1",
+        "profiler.train.warmup=1",
+        f"profiler.train.active={WINDOW_STEPS - 2}",
+        "profiler.train.repeat=1",
+    ]
+    callbacks = [*build_callbacks(config(tmp_path, "log_every_n_steps=10", "tracking.enabled=false", *window))]
+    train, _ = loaders(n_train=60 * BATCH, batch_size=BATCH)
+    trainer([*callbacks, SlowWindow()]).fit(TinyRegressor(step_sleep_s=0.01), train)
+    (run_dir,) = run_folders(tmp_path / "runs")
+    run = load_run(run_dir)
+
+    flags = read_steps(run_dir)["train"].flags
+    assert int(np.count_nonzero(flags & PROFILED)) == WINDOW_STEPS
+    throughput = json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]
+    assert throughput["train/measured_batches"] == 60 - WARMUP
+    assert throughput["train/steady_batches"] <= int(np.count_nonzero(flags == 0))
+    assert throughput["train/left_out_batches"] >= WINDOW_STEPS
+    headline = run.steady(names.TRAIN_SAMPLES_PER_SEC)
+    all_in = run.last(names.SUMMARY_TRAIN_SAMPLES_PER_SEC_ALL_IN)
+    assert headline is not None and all_in is not None
+    assert headline > 1.5 * all_in
+    assert run.steady(names.TRAIN_STEP_MS) < WINDOW_SLEEP_S * 1000 / 2  # no window step in the step time
+    # the per-interval series is of the steady steps too: no interval reads the window's pace
+    _, rates = run.series(names.TRAIN_SAMPLES_PER_SEC)
+    assert rates and min(rates) > BATCH / WINDOW_SLEEP_S

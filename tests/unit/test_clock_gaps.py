@@ -117,7 +117,8 @@ def test_a_sampled_gap_names_the_callbacks_in_it() -> None:
 
 
 def test_data_wait_per_batch_over_an_interval(tmp_path: Path) -> None:
-    """4 batches of 0.25 s, each fetched in 1/16 s before it starts: the interval's data wait is 0.25 s over 4
+    """4 batches of 0.25 s, each fetched in 1/16 s before it starts. The first step after training starts is not
+    steady (steps.json flags it) and is left out, fetch and all: the interval's data wait is 3/16 s over 3
     batches, 62.5 ms a batch, and the step time (fetch included) 312.5 ms."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     timer = LoopTimer(IdleProfiler(), driver.time)
@@ -128,15 +129,16 @@ def test_data_wait_per_batch_over_an_interval(tmp_path: Path) -> None:
         driver.train_batches(0.25)
 
     totals = driver.clock.totals["train"]
-    assert (totals.fetches, totals.wait_s, totals.per_batch_ms(totals.wait_s)) == (4, 0.25, 62.5)
-    assert driver.recorder.intervals == [("train", 4, 4, 312.5)]
+    assert (totals.fetches, totals.wait_s, totals.per_batch_ms(totals.wait_s)) == (3, 0.1875, 62.5)
+    assert driver.recorder.intervals == [("train", 4, 3, 312.5)]
+    assert (totals.left_out_batches, totals.left_out_s) == (1, 0.3125)  # its fetch with it
 
 
 def test_an_epochs_first_fetch_is_its_epoch_start_not_data_wait(tmp_path: Path) -> None:
     """Two epochs of 2 batches of 0.25 s, each batch fetched in 1/16 s, except the second epoch's first, whose
     fetch starts the DataLoader workers: 2 s. Each epoch's first fetch is inside its epoch start (1/16 + 2 s);
-    the data wait is the other two fetches (1/8 s), and the steps hold 1 s of batches and those two fetches:
-    1.125 s over 4 batches, 281.25 ms."""
+    the data wait is the other two fetches (1/8 s). An epoch's first step is not steady (steps.json flags it) and
+    is left out: the steady steps hold 0.5 s of batches and those two fetches, 0.625 s over 2 batches, 312.5 ms."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     timer = LoopTimer(IdleProfiler(), driver.time)
     driver.clock.gaps.attach(timer, own_state_keys=frozenset())
@@ -148,8 +150,8 @@ def test_an_epochs_first_fetch_is_its_epoch_start_not_data_wait(tmp_path: Path) 
             driver.train_batches(0.25)
 
     totals = driver.clock.totals["train"]
-    assert (totals.wait_s, totals.fetches, totals.epoch_start_s, totals.elapsed_s) == (1 / 8, 2, 2.0625, 1.125)
-    assert driver.recorder.intervals == [("train", 4, 4, 281.25)]
+    assert (totals.wait_s, totals.fetches, totals.epoch_start_s, totals.elapsed_s) == (1 / 8, 2, 2.0625, 0.625)
+    assert driver.recorder.intervals == [("train", 4, 2, 312.5)]
 
 
 def test_a_watched_block_that_never_ran_is_cancelled() -> None:

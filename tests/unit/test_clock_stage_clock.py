@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anemoi_profiler.clock import RankTotals
-from anemoi_profiler.run_files.steps_file import WARMUP
+from anemoi_profiler.run_files.steps_file import PROFILED, WARMUP
 from tests.helpers.clock_driver import ClockDriver, ManualTime
 
 
@@ -28,38 +28,44 @@ def test_warmup_batches_are_left_out_and_intervals_close_every_n_batches(tmp_pat
 
 
 def test_the_last_interval_closes_at_the_end_of_training(tmp_path: Path) -> None:
-    """No warmup, `log_every_n_steps=4`, 5 batches of 0.5 s: a interval of 4 batches (500 ms) and, at the end, one of
-    the remaining single batch (500 ms)."""
+    """No warmup, `log_every_n_steps=4`, 5 batches of 0.5 s: an interval of 4 batches and, at the end, one of the
+    remaining single batch (500 ms). The first step after training starts is not steady (steps.json flags it): the
+    first interval counts 3 steady batches (500 ms), and the step left out."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
     driver.train_batches(*[0.5] * 5)
     driver.clock.train_end(driver.trainer)
-    assert driver.recorder.intervals == [("train", 4, 4, 500.0), ("train", 5, 1, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 3, 500.0), ("train", 5, 1, 500.0)]
+    totals = driver.clock.totals["train"]
+    assert (totals.batches, totals.left_out_batches, totals.left_out_s, totals.all_in_s) == (4, 1, 0.5, 2.5)
 
 
 def test_validation_time_is_kept_out_of_the_training_clock(tmp_path: Path) -> None:
     """2 training batches of 0.5 s; a validation of 3 s before its first batch and 2 batches of 0.125 s; 2 more
-    training batches of 0.5 s. Training's interval: 4 batches in 2 s = 500 ms (the 3.25 s of validation out);
-    validation's: 2 batches in 0.25 s = 125 ms (its 3 s before the first batch out)."""
+    training batches of 0.5 s. Training's interval: 4 batches, of which the first after training starts and the
+    first after validation are not steady (left out): 2 batches in 1 s = 500 ms (the 3.25 s of validation out,
+    of the all-in time too); validation's: 2 batches in 0.25 s = 125 ms (its 3 s before the first batch out)."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
     driver.train_batches(0.5, 0.5)
     driver.validation(0.125, 0.125, before_first_batch=3.0)
     driver.train_batches(0.5, 0.5)
 
-    assert driver.recorder.intervals == [("val", 2, 2, 125.0), ("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("val", 2, 2, 125.0), ("train", 4, 2, 500.0)]
     assert driver.clock.totals["val"].elapsed_s == 0.25
+    assert driver.clock.totals["train"].all_in_s == 2.0
 
 
 def test_the_sanity_check_makes_no_validation_interval(tmp_path: Path) -> None:
-    """The sanity check's 2 batches make no validation interval; training's 2 batches of 0.5 s make one of 500 ms."""
+    """The sanity check's 2 batches make no validation interval; training's 2 batches of 0.5 s make one of 500 ms
+    (the first after training starts left out)."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=2", "throughput.warmup_steps=0")
     driver.trainer.sanity_checking = True
     driver.validation(0.25, 0.25)
     driver.trainer.sanity_checking = False
     driver.clock.train_start()
     driver.train_batches(0.5, 0.5)
-    assert driver.recorder.intervals == [("train", 2, 2, 500.0)]
+    assert driver.recorder.intervals == [("train", 2, 1, 500.0)]
     assert driver.clock.totals["val"].batches == 0
 
 
@@ -76,9 +82,10 @@ def test_with_gradient_accumulation_intervals_count_batches_and_intervals_carry_
 
 
 def test_epoch_starts_pause_the_training_clock(tmp_path: Path) -> None:
-    """Two epochs of 2 batches of 0.5 s; the second epoch's DataLoader workers take 2 s to start. The interval holds
-    4 batches in 2 s = 500 ms; the 2 s are the interval's epoch start, counted twice (the first epoch's start
-    took no time)."""
+    """Two epochs of 2 batches of 0.5 s; the second epoch's DataLoader workers take 2 s to start. The interval counts
+    4 batches; each epoch's first step is not steady (steps.json flags it) and is left out: 2 steady batches in
+    1 s = 500 ms. The 2 s are the interval's epoch start, counted twice (the first epoch's start took no time);
+    the all-in time holds the 4 batches and the epoch start: 4 s."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
     for _ in range(2):
@@ -86,14 +93,16 @@ def test_epoch_starts_pause_the_training_clock(tmp_path: Path) -> None:
         driver.time.advance(0.0 if driver.batches == 0 else 2.0)
         driver.train_batches(0.5, 0.5)
 
-    assert driver.recorder.intervals == [("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 2, 500.0)]
     totals = driver.clock.totals["train"]
-    assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == (2.0, 2.0, 2)
+    assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == (1.0, 2.0, 2)
+    assert (totals.left_out_batches, totals.left_out_s, totals.all_in_s) == (2, 1.0, 4.0)
 
 
 def test_the_profilers_own_work_is_taken_out_of_the_interval(tmp_path: Path) -> None:
     """4 batches of 0.25 s and, after the second, a trace export of 0.5 s: the interval holds 1.5 s, of which 0.5 s
-    own work: 1 s over 4 batches = 250 ms."""
+    own work. The step with the own work and the first after training starts are not steady (steps.json flags
+    them) and are left out, less the own work (taken out once): 0.5 s over 2 batches = 250 ms."""
     driver = ClockDriver(tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0")
     driver.clock.train_start()
     driver.train_batches(0.25, 0.25)
@@ -101,9 +110,29 @@ def test_the_profilers_own_work_is_taken_out_of_the_interval(tmp_path: Path) -> 
         driver.time.advance(0.5)
     driver.train_batches(0.25, 0.25)
 
-    assert driver.recorder.intervals == [("train", 4, 4, 250.0)]
+    assert driver.recorder.intervals == [("train", 4, 2, 250.0)]
     totals = driver.clock.totals["train"]
-    assert (totals.elapsed_s, totals.own_work_s) == (1.0, 0.5)
+    assert (totals.elapsed_s, totals.own_work_s, totals.left_out_s, totals.all_in_s) == (0.5, 0.5, 0.5, 1.5)
+
+
+def test_a_profiling_windows_steps_are_left_out_of_the_steady_figures(tmp_path: Path) -> None:
+    """After a warmup batch of 1 s, 5 batches with `log_every_n_steps=5`: 0.25 s, two steps of a torch.profiler
+    window (flagged `profiled` as they run) of 2 s each, 0.25 s and 0.25 s. The interval counts 5 batches; the
+    window's 2 are left out: 3 steady batches in 0.75 s = 250 ms. The all-in time holds all 5: 4.75 s."""
+    driver = ClockDriver(tmp_path, "log_every_n_steps=5", "throughput.warmup_steps=1")
+    driver.clock.train_start()
+    driver.train_batches(1.0, 0.25)
+    for _ in range(2):
+        driver.clock.steps.mark("train", PROFILED)
+        driver.train_batches(2.0)
+    driver.train_batches(0.25, 0.25)
+
+    assert driver.recorder.intervals == [("train", 6, 3, 250.0)]
+    totals = driver.clock.totals["train"]
+    assert (totals.batches, totals.elapsed_s, totals.left_out_batches, totals.left_out_s) == (3, 0.75, 2, 4.0)
+    assert (totals.all_in().batches, totals.all_in().elapsed_s) == (5, 4.75)
+    _, flags = driver.clock.steps.stages["train"].recorded()
+    assert totals.batches == sum(1 for flag in flags if flag == 0)  # the steady steps are steps.json's
 
 
 class OtherRankExchange:
@@ -120,7 +149,8 @@ class OtherRankExchange:
 
 def test_another_ranks_own_work_is_taken_out_of_every_rank(tmp_path: Path) -> None:
     """Rank 1 exported a trace for 0.5 s; rank 0 waited for it in the next all-reduce, so its 4 batches took 2.5 s.
-    Both lose the slowest rank's 0.5 s: 2 s over 4 batches = 500 ms on each."""
+    Both lose the slowest rank's 0.5 s: 2 s over 4 batches = 500 ms on each; rank 0 leaves its first step after
+    training starts out (steps.json flags it): 1.5 s over 3 batches."""
     rank_1 = RankTotals(batches=4, samples=32, elapsed_s=2.5, own_work_s=0.5)
     driver = ClockDriver(
         tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0", exchange=OtherRankExchange(rank_1)
@@ -128,10 +158,10 @@ def test_another_ranks_own_work_is_taken_out_of_every_rank(tmp_path: Path) -> No
     driver.clock.train_start()
     driver.train_batches(0.5, 0.5, 1.0, 0.5)  # the third batch waited for rank 1
 
-    assert driver.recorder.intervals == [("train", 4, 4, 500.0)]
+    assert driver.recorder.intervals == [("train", 4, 3, 500.0)]
     (ranks,) = driver.recorder.ranks
     assert ranks is not None
-    assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(2.0, 500.0), (2.0, 500.0)]
+    assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(1.5, 500.0), (2.0, 500.0)]
 
 
 def test_another_ranks_validation_own_work_stays_its_own(tmp_path: Path) -> None:

@@ -6,10 +6,10 @@ through NVML, AMD GPUs (torch on ROCm) through amdsmi. Rank 0 logs its node unde
 cluster's view of every node; the per-node, per-GPU detail goes to the run folder (`cluster.system_nodes`).
 
 Energy per sample: each sample's per-interval energy goes into a tally that keeps apart the intervals lying
-wholly in the training steady state (read from the session's stage clock by the sampler thread: one
-attribute, no sync). At the end every rank contributes to one exchange, so the figures are the job's: the
-steady-state GPU power of each node times its steady-state training time, over the steady-state samples
-counted once per data-parallel replica.
+wholly in the training's steady steps (read from the session's stage clock by the sampler thread: two
+attributes, no sync). At the end every rank contributes to one exchange, so the figures are the job's: the
+steady-state GPU power of every node over the headline's steady samples/s (`reports.steady`), one definition of
+the steady steps for both.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from anemoi_profiler import names
 from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
+from anemoi_profiler.callbacks.throughput import ThroughputCallback
 from anemoi_profiler.cluster.system_nodes import NodeRecorder, SystemExchange
 from anemoi_profiler.measure.energy import EnergyShare, EnergyTally
 from anemoi_profiler.measure.resource import GpuResource
@@ -49,7 +50,8 @@ class SystemMetricsCallback(ProfilerCallback):
         self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.energy = EnergyTally()
         self._validations = 0
-        self._last_publish: tuple[float, bool, int] | None = None  # time, train meter running, validations
+        # time, train meter running, validations, steps left out of the steady figures
+        self._last_publish: tuple[float, bool, int, int] | None = None
         options = self.config.system
         self._node, self._host = trainer_info.node_rank(trainer), socket.gethostname()
         session = self.session
@@ -89,12 +91,13 @@ class SystemMetricsCallback(ProfilerCallback):
             total[1] += 1
         clock = self.session.stage_clock
         now, training = time.monotonic(), clock is not None and clock.meters["train"].running
+        left_out = clock.left_out_steps if clock is not None else 0
         if self._last_publish is not None:
-            then, trained_then, validations_then = self._last_publish
-            steady = training and trained_then and validations_then == self._validations
+            then, trained_then, validations_then, left_out_then = self._last_publish
+            steady = training and trained_then and validations_then == self._validations and left_out_then == left_out
             names = {key.rsplit("/", 1)[-1]: value for key, value in metrics.items()}
             self.energy.add(names, now - then, steady)
-        self._last_publish = (now, training, self._validations)
+        self._last_publish = (now, training, self._validations, left_out)
         if self.session.is_global_zero:
             self.session.log_metrics(metrics, step)  # MLflow's own names: its System metrics tab
         sample = NodeSample.of_metrics(self._node, step, time.time(), metrics)
@@ -113,7 +116,7 @@ class SystemMetricsCallback(ProfilerCallback):
         self.stop_background_work()
         if self._exchange is not None and not self.session.failed:
             self._exchange.finish(trainer_info.global_step(trainer))  # collectives: every rank, every time
-        summary, energy_notes = self._job_energy()  # a collective: every rank, every time
+        summary, energy_notes = self._job_energy(trainer)  # a collective: every rank, every time
         means = {key: total / count for key, (total, count) in sorted(self.sums.items()) if count}
         if not self.session.is_global_zero or not (means or summary):
             return [], {}
@@ -130,7 +133,7 @@ class SystemMetricsCallback(ProfilerCallback):
         return sections + ([across_nodes] if across_nodes is not None else []), summary
 
     # ---- energy of the whole job ----
-    def _job_energy(self) -> tuple[dict[str, float], list[str]]:
+    def _job_energy(self, trainer: Any) -> tuple[dict[str, float], list[str]]:
         """`summary/energy/...` values and notes, from one exchange of every rank's share."""
         exchange = self.session.exchange
         if self.session.failed and exchange.world_size > 1:
@@ -140,15 +143,20 @@ class SystemMetricsCallback(ProfilerCallback):
             return {}, ["Energy: not available (the ranks could not exchange their figures)."]
         gpus = self._gpu_resource()
         reasons = sorted(set(gpus.energy_unavailable.values())) if gpus else []
-        return EnergyShare.total(ranks).figures(self.config.system.interval_s, reasons)
+        rate = self._steady_samples_per_sec(trainer)
+        return EnergyShare.total(ranks).figures(self.config.system.interval_s, reasons, rate)
+
+    def _steady_samples_per_sec(self, trainer: Any) -> float | None:
+        """The headline's steady samples/s, from the session's throughput callback (rank 0 keeps it)."""
+        for callback in getattr(trainer, "callbacks", None) or []:
+            if isinstance(callback, ThroughputCallback) and callback.session is self.session and not callback.disabled:
+                return callback.steady_rates("train").get(names.TRAIN_SAMPLES_PER_SEC)
+        return None
 
     def _energy_share(self) -> EnergyShare:
-        clock = self.session.stage_clock
-        train = clock.totals["train"] if clock is not None else None
-        replicas = getattr(self.session, "data_parallel_size", self.session.world_size)
-        share = EnergyShare(samples=(train.samples if train else 0.0) * replicas / self.session.world_size)
+        share = EnergyShare()
         if self.sampler is None:
-            return share  # not this node's sampler: its samples only
+            return share  # not this node's sampler
         gpus = self._gpu_resource()
         steady_watts = self.energy.steady_watts(gpu=True)
         share.nodes = 1.0
@@ -156,7 +164,7 @@ class SystemMetricsCallback(ProfilerCallback):
         share.gpus_without_counter = float(len(gpus.energy_unavailable) if gpus else 0)
         share.gpu_counters = float(self.energy.counters(gpu=True))
         share.gpu_joules = self.energy.joules(gpu=True)
-        share.steady_gpu_joules = (steady_watts or 0.0) * (train.elapsed_s if train else 0.0)
+        share.steady_gpu_watts = steady_watts or 0.0
         share.no_steady_interval = float(share.gpu_counters > 0 and steady_watts is None)
         share.cpu_counters = float(self.energy.counters(gpu=False))
         share.cpu_joules = self.energy.joules(gpu=False)

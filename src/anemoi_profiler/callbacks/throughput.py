@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -153,6 +152,10 @@ class ThroughputCallback(StageCallback):
                 metrics[f"{prefix}/mfu"] = achieved / (self.peak_flops * len(ranks))
         return metrics
 
+    def steady_rates(self, stage: str) -> dict[str, float]:
+        """The stage's steady figures by metric name (`reports.steady`): the headline, on rank 0."""
+        return steady.combined(steady.split(self.intervals[stage].intervals()).steady)
+
     def summarize(self, trainer: Any) -> tuple[list[ReportSection], dict[str, float]]:
         values: dict[str, tuple[Any, str]] = {}
         summary: dict[str, float] = {}
@@ -176,7 +179,9 @@ class ThroughputCallback(StageCallback):
             for key, value in _slowest_rank(stage, ranks).items():
                 summary[names.summary_of(key)] = value
                 values[key.removeprefix(names.THROUGHPUT)] = (int(value), "")
-            if rates and ranks:
+            if stage == "train":
+                self._all_in_figures(ranks, split, values, summary)
+            elif rates and ranks:
                 values[f"{stage}/measured_batches"] = (int(sum(r.batches for r in ranks)), "")
                 if split.slow:
                     values[f"{stage}/steady_batches"] = (int(split_batches(split.steady)), "")
@@ -188,7 +193,8 @@ class ThroughputCallback(StageCallback):
         parallelism = self.session.parallelism
         notes = [
             f"Rates: {steady.DEFINITION} (warmup: {self.config.throughput.warmup_steps} training batches; validation "
-            f"and the profiler's own work not in training time). Global: every rank's rate summed over "
+            f"and the profiler's own work not in training time; *_all_in: {steady.ALL_IN}). Global: every rank's rate "
+            "summed over "
             f"{self.world_size} rank(s), each of the "
             f"{parallelism.data_parallel_size} data-parallel replica(s) of {parallelism.ranks_per_replica} rank(s) "
             f"counted once ({parallelism.source}); device: rank {self.session.global_rank}."
@@ -232,11 +238,34 @@ class ThroughputCallback(StageCallback):
         if rate:
             values[f"{stage}/slow_stretch_samples_per_sec"] = (rate, "/s")
 
+    def _all_in_figures(
+        self,
+        ranks: list[RankTotals],
+        split: steady.Split,
+        values: dict[str, tuple[Any, str]],
+        summary: dict[str, float],
+    ) -> None:
+        """The all-in rates (`RankTotals.all_in`): every training batch after the warmup over every second of it,
+        written whenever a batch was measured; and the batches each figure counts."""
+        whole = [rank.all_in() for rank in ranks]
+        if not any(rank.batches for rank in whole):
+            return
+        values["train/measured_batches"] = (int(sum(rank.batches for rank in whole)), "")
+        values["train/steady_batches"] = (int(split_batches(split.steady)), "")
+        left_out = sum(rank.left_out_batches for rank in ranks)
+        if left_out:
+            values["train/left_out_batches"] = (int(left_out), "")
+        for key, value in self._global_rates("train", whole).items():
+            if not key.endswith("mfu"):
+                summary[names.all_in(key)] = value
+                values[names.all_in(key).removeprefix(names.SUMMARY)] = (value, "/s")
+
     def _epoch_start_figures(
         self, trainer: Any, ranks: list[RankTotals], values: dict[str, tuple[Any, str]], summary: dict[str, float]
     ) -> str | None:
         """The time from each measured epoch's start to its first batch, which the steady rates leave out: its
-        seconds, its share of the training time, and the rates with it (what a clock around whole epochs reads).
+        seconds and its share of the all-in training time; the all-in rates count it, and are written under their
+        older names `..._with_epoch_starts` too.
 
         With several ranks, the longest rank's, which the clock made every rank's (the others wait for it in the
         epoch's first step, see `StageClock.end_interval`)."""
@@ -245,7 +274,7 @@ class ThroughputCallback(StageCallback):
             return None
         slowest = max(ranks, key=lambda rank: rank.epoch_start_s)
         seconds, starts = slowest.epoch_start_s, int(slowest.epoch_starts)
-        share = seconds / (slowest.elapsed_s + seconds)
+        share = seconds / slowest.all_in_s if slowest.all_in_s > 0 else 0.0
         summary |= {
             names.SUMMARY_TRAIN_EPOCH_STARTS: starts,
             names.SUMMARY_TRAIN_EPOCH_START_S: seconds,
@@ -253,12 +282,9 @@ class ThroughputCallback(StageCallback):
         }
         values |= {"train/epoch_starts": (starts, ""), "train/epoch_start_s": (seconds, "s")}
         values["train/epoch_start_share"] = (share * 100, "%")
-        with_starts = [replace(rank, elapsed_s=rank.elapsed_s + rank.epoch_start_s) for rank in ranks]
-        for key, value in self._global_rates("train", with_starts).items():
+        for key, value in self._global_rates("train", [rank.all_in() for rank in ranks]).items():
             if not key.endswith("mfu"):
-                name = names.with_epoch_starts(key)
-                summary[name] = value
-                values[name.removeprefix(names.SUMMARY)] = (value, "/s")
+                summary[names.with_epoch_starts(key)] = value  # the all-in rate, under its older name
         workers = trainer_info.train_dataloader_workers(trainer)
         if workers is not None:
             values["train/dataloader_workers"] = (workers[0], "")
@@ -269,7 +295,7 @@ class ThroughputCallback(StageCallback):
             f"Epoch starts are not in the steady rates and step times: from each epoch's start (on_train_epoch_start) "
             f"to its first batch, the DataLoader's workers start again unless persistent_workers=True, and reopen "
             f"the dataset. {starts} measured epoch start(s) took {seconds:.3g} s{longest}, {share:.1%} of the "
-            "training time; the *_with_epoch_starts rates include them."
+            "all-in training time; the *_all_in rates include them."
         )
 
     def _startup_overlap_s(self) -> tuple[float, float]:

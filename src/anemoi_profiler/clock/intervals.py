@@ -48,6 +48,19 @@ class GapTimes:
 
 
 @dataclass
+class LeftOut:
+    """Training steps after the warmup that are not steady: those `steps.json` flags (a profiling window's, one
+    with the profiler's own work, an epoch's first, the first after validation). The steady figures leave their
+    batches and time out; the all-in figures count them."""
+
+    batches: int = 0
+    samples: int = 0
+    items: int = 0
+    seconds: float = 0.0
+    """Their host time, batch end to batch end, less the profiler's own work in them (taken out apart)."""
+
+
+@dataclass
 class LogInterval:
     """One log interval of a stage: its counts, the global step at its end, and its time segments."""
 
@@ -64,6 +77,8 @@ class LogInterval:
     epoch_starts: list[tuple[Marker, Marker]] = field(default_factory=list)
     """Training epochs' starts in the interval, outside the segments: each from the epoch's start to its first
     batch (see `StageMeter.pause`)."""
+    left_out: LeftOut = field(default_factory=lambda: LeftOut())
+    """The interval's steps that are not steady (`StageMeter.leave_out`): in the segments, not in `batches`."""
 
     def measured_s(self) -> float:
         """Seconds in the segments, the profiler's own work included."""
@@ -104,6 +119,14 @@ class RankTotals:
     epoch_start_s: float = 0.0
     """Time from training epochs' starts to their first batches, outside `elapsed_s` (see `StageMeter.pause`)."""
     epoch_starts: float = 0.0
+    left_out_batches: float = 0.0
+    """Steps after the warmup that are not steady (`LeftOut`): out of `batches` and `elapsed_s`."""
+    left_out_samples: float = 0.0
+    left_out_items: float = 0.0
+    left_out_s: float = 0.0
+    all_in_s: float = 0.0
+    """Every second of the stage after the warmup, what a clock around it reads: the steady steps, the steps left
+    out, the profiler's own work and the epoch starts (validation apart)."""
 
     def add(self, other: RankTotals) -> None:
         for item in fields(self):
@@ -117,6 +140,17 @@ class RankTotals:
     def from_list(cls, values: list[float]) -> RankTotals:
         return cls(*values)
 
+    def all_in(self) -> RankTotals:
+        """These totals with the steps left out counted in, over every second after the warmup: the all-in
+        figures' (`summary/<stage>/..._all_in`)."""
+        return RankTotals(
+            self.batches + self.left_out_batches,
+            self.samples + self.left_out_samples,
+            self.items + self.left_out_items,
+            elapsed_s=self.all_in_s,
+            flops_per_sample=self.flops_per_sample,
+        )
+
     @property
     def step_ms(self) -> float:
         """Mean time per batch, 0 without batches."""
@@ -128,11 +162,13 @@ class RankTotals:
 
     @classmethod
     def of_interval(cls, interval: LogInterval, seconds: float) -> RankTotals:
-        gap = interval.gap
+        gap, left = interval.gap, interval.left_out
         return cls(
             interval.batches, interval.samples, interval.items, gap.wait_s, seconds, interval.own_work_s,
             gap.callbacks_s, gap.loop_s, gap.fetches,
             epoch_start_s=interval.epoch_start_s(), epoch_starts=len(interval.epoch_starts),
+            left_out_batches=left.batches, left_out_samples=left.samples, left_out_items=left.items,
+            left_out_s=left.seconds, all_in_s=seconds + interval.epoch_start_s(),
         )  # fmt: skip
 
 
@@ -218,6 +254,8 @@ class StageMeter:
         """`perf_counter` when it last stopped (for training: at a validation or the end of training)."""
         self._paused_at: Marker | None = None
         self._epoch_starts: list[tuple[Marker, Marker]] = []
+        self.left_out = LeftOut()
+        """The current interval's steps left out of the steady figures (`leave_out`)."""
 
     def _mark(self) -> Marker:
         if self._cuda:
@@ -271,6 +309,27 @@ class StageMeter:
         self._samples += samples
         self._items += items
 
+    def leave_out(self, samples: int, items: int, since: float, own_work_since: float) -> None:
+        """The step that just ended (host time `since` its start, the profiler's own work total then
+        `own_work_since`) is not steady: its batch is not counted and its time, less the own work in it (taken out
+        apart), is left out of the interval's. On CUDA a host duration, as the own work is."""
+        left = self.left_out
+        left.batches += 1
+        left.samples += samples
+        left.items += items
+        if self._open is None:
+            return
+        if since < self._opened_at:  # the interval opened within the step (after validation, an epoch start)
+            since, own_work_since = self._opened_at, self._own_work_at_open
+        own_work = self._own_work() - own_work_since
+        left.seconds += max(0.0, self._now() - since - own_work)
+
+    @property
+    def counted(self) -> int:
+        """Batches of the current interval, steady or left out: an interval ends after `log_every_n_steps` of them
+        on every rank alike."""
+        return self.batches + self.left_out.batches
+
     def end_interval(self, step: int, extras: dict[str, float] | None = None) -> None:
         """Close the current interval (if it counted any batch) and keep the clock running."""
         if self._open is not None:
@@ -280,13 +339,15 @@ class StageMeter:
             now = self._own_work()
             self._own_work_s += now - self._own_work_at_open
             self._own_work_at_open = now
-        if self.batches:
+        if self.batches or self.left_out.batches:
             interval = LogInterval(
                 step, self.batches, self._samples, self._items, self.gap, self._segments, extras or {}
             )
             interval.own_work_s = self._own_work_s
             interval.epoch_starts, self._epoch_starts = self._epoch_starts, []
+            interval.left_out = self.left_out
             self._pending.append(interval)
+        self.left_out = LeftOut()
         self._own_work_s = 0.0
         self._segments = []
         self.batches = self._samples = self._items = 0

@@ -100,6 +100,10 @@ class StageClock:
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self.last_train_batch_end = 0.0
+        self._own_work_at_batch_end = 0.0
+        self.left_out_steps = 0
+        """Training steps after the warmup left out of the steady figures so far (`StageMeter.leave_out`): a
+        sampler that sees it change knows that its interval held one."""
         self._epoch_starting = False
         self.gaps = BatchGaps(own_work, now)
         self.steps = StepRecord(own_work, config.throughput.warmup_steps)
@@ -154,8 +158,10 @@ class StageClock:
         self.gaps.batch_started()
 
     def train_batch_end(self, trainer: TrainerLike, batch: Any) -> None:
-        self.last_train_batch_end = self._now()
-        self.steps.train_step_ended(self.last_train_batch_end)
+        step_started, own_work_then = self.last_train_batch_end, self._own_work_at_batch_end
+        self.last_train_batch_end = now = self._now()
+        self._own_work_at_batch_end = self._own_work.total_s
+        flags = self.steps.train_step_ended(now)
         self.train_batches_seen += 1
         if self.train_batches_seen == 1 and self.flops is not None:
             samples = self.counter.count(batch)[0] if self.counter is not None else 0
@@ -163,11 +169,16 @@ class StageClock:
             self.flops_per_sample = counted or self.flops_per_sample
         meter = self._train
         if meter.running:
-            self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
             counter = self.counter
             samples, items = counter.count(batch) if counter is not None else (0, 0)
-            meter.count(samples, items)
-            if meter.batches >= self.config.log_every_n_steps:
+            if flags:  # not a steady step (steps.json flags it): out of the steady figures, in the all-in ones
+                self.gaps.batch_ended("train", None, sample_next_gap=False)
+                meter.leave_out(samples, items, step_started, own_work_then)
+                self.left_out_steps += 1
+            else:
+                self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
+                meter.count(samples, items)
+            if meter.counted >= self.config.log_every_n_steps:
                 self.end_interval(trainer, "train")
         else:
             self.gaps.batch_ended("train", None, sample_next_gap=False)
@@ -258,13 +269,13 @@ class StageClock:
             epoch_start_s = max(rank.epoch_start_s for rank in ranks)
             intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
             for totals in (local, *ranks):
-                totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s
+                totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s + totals.left_out_s
                 totals.epoch_start_s = epoch_start_s
         else:
             # Validation steps have no collective, so no rank waits for another's work (nor does a rank alone):
             # each rank's own work is its own.
             for totals in (local, *(ranks or ())):
-                totals.elapsed_s -= totals.own_work_s
+                totals.elapsed_s -= totals.own_work_s + totals.left_out_s
             intervals = _without_own_work(taken, local.own_work_s)
         self.totals[stage].add(local)
         if ranks:
@@ -322,7 +333,8 @@ class StageClock:
 
 
 def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float) -> list[tuple[LogInterval, float]]:
-    """Each interval's seconds less its share of `own_work_s`, dropping intervals that took no measurable time.
+    """Each interval's seconds less its share of `own_work_s` and its steps left out, dropping intervals that took
+    no measurable time or had no steady step.
 
     `own_work_s` is at least the intervals' own work, taken out interval by interval; in training, what other
     ranks' work and longer epoch starts added (all ranks wait for the slowest) is spread over the intervals by their
@@ -334,7 +346,7 @@ def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float)
     intervals = []
     for interval, seconds in taken:
         share = waited * seconds / measured if measured > 0 else 0.0
-        remaining = seconds - interval.own_work_s - share
-        if remaining > 0:
+        remaining = seconds - interval.own_work_s - interval.left_out.seconds - share
+        if remaining > 0 and interval.batches:  # an interval of steps left out only is no steady figure's
             intervals.append((interval, remaining))
     return intervals

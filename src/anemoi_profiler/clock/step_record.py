@@ -40,16 +40,19 @@ class StageSteps:
         self.last_end = at
         self.pending |= AFTER_OTHER_STAGE
 
-    def step_ended(self, now: float, flags: int) -> None:
+    def step_ended(self, now: float, flags: int) -> int:
+        """Record the step that ended at `now`; its flags (0: steady)."""
+        flags |= self.pending
         if self.last_end is not None:
             if self.count == len(self.seconds):
                 self.seconds = np.resize(self.seconds, 2 * self.count)
                 self.flags = np.resize(self.flags, 2 * self.count)
             self.seconds[self.count] = now - self.last_end
-            self.flags[self.count] = flags | self.pending
+            self.flags[self.count] = flags
             self.count += 1
         self.pending = 0
         self.last_end = now
+        return flags
 
     def recorded(self) -> tuple[np.ndarray, np.ndarray]:
         return self.seconds[: self.count], self.flags[: self.count]
@@ -73,10 +76,11 @@ class StepRecord:
         """A stage starts (or resumes after the other): its next step is timed from `at` and flagged."""
         self.stages[stage].restart(at)
 
-    def train_step_ended(self, now: float) -> None:
+    def train_step_ended(self, now: float) -> int:
+        """Record a training step; its flags, which also leave it out of the steady figures (`StageMeter.leave_out`)."""
         self._train_steps += 1
         flags = WARMUP if self._train_steps <= self._warmup_steps else 0
-        self.stages["train"].step_ended(now, flags | self._own_work_flag())
+        return self.stages["train"].step_ended(now, flags | self._own_work_flag())
 
     def val_step_ended(self, now: float) -> None:
         self.stages["val"].step_ended(now, self._own_work_flag())

@@ -2,9 +2,11 @@
 
 Each sample brings `gpu_<i>_energy_joules` (NVIDIA, AMD) and `cpu_energy_joules` (RAPL) for the interval
 since the previous sample. The tally keeps the whole run's joules per counter and, for the intervals that
-lay wholly in the training steady state (the stage clock's train meter running at both ends, no validation
-in between), their joules and seconds: the steady-state power, which times the steady-state training time
-gives the energy of the measured samples, though the samples do not start and end at sampling instants.
+lay wholly in the training's steady steps (the stage clock's train meter running at both ends, no validation
+and no step left out of the steady figures in between), their joules and seconds: the steady-state power. Over
+the headline's steady samples/s (`reports.steady`) it gives the energy per sample: steady power x steady seconds
+/ steady samples, the same steady intervals as the headline, though the samples do not start and end at
+sampling instants.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class EnergyTally:
 class EnergyShare:
     """What one rank adds to the job's energy figures, the unit the ranks exchange.
 
-    A rank that samples its node (local rank 0) brings the node's counters; every rank brings its
-    steady-state samples, counted once per data-parallel replica (samples × replicas ÷ world size).
+    A rank that samples its node (local rank 0) brings the node's counters and steady-state power; the samples
+    per second they are divided by are the job's headline (`figures`).
     """
 
     nodes: float = 0.0
@@ -71,12 +73,11 @@ class EnergyShare:
     gpus_without_counter: float = 0.0
     gpu_counters: float = 0.0
     gpu_joules: float = 0.0
-    steady_gpu_joules: float = 0.0
-    """Steady-state GPU power × this rank's steady-state training time."""
+    steady_gpu_watts: float = 0.0
+    """The node's GPU power over the sampling intervals that lay wholly in steady steps."""
     no_steady_interval: float = 0.0
     cpu_counters: float = 0.0
     cpu_joules: float = 0.0
-    samples: float = 0.0
 
     def to_list(self) -> list[float]:
         return [float(value) for value in astuple(self)]
@@ -85,10 +86,14 @@ class EnergyShare:
     def total(cls, ranks: list[list[float]]) -> EnergyShare:
         return cls(*(sum(column) for column in zip(*ranks, strict=True)))
 
-    def figures(self, interval_s: float, reasons: list[str]) -> tuple[dict[str, float], list[str]]:
+    def figures(
+        self, interval_s: float, reasons: list[str], samples_per_sec: float | None
+    ) -> tuple[dict[str, float], list[str]]:
         """`summary/energy/...` values and the notes that say what they are, or why one is not available.
 
-        `reasons` say why GPUs of this node have no energy counter (the library's own words).
+        `reasons` say why GPUs of this node have no energy counter (the library's own words); `samples_per_sec` is
+        the job's steady headline (`summary/train/samples_per_sec`), None when not measured. Energy per sample is
+        the steady power over it: steady power x steady seconds / steady samples, over the headline's intervals.
         """
         summary: dict[str, float] = {}
         notes = []
@@ -102,9 +107,9 @@ class EnergyShare:
             notes.append(f"GPU energy: not available ({why}).")
         elif self.gpu_counters:
             summary[names.SUMMARY_GPU_KWH] = self.gpu_joules / JOULES_PER_KWH
-            if not self.samples:
+            if not samples_per_sec:
                 notes.append(
-                    "Energy per sample: not available (no steady-state samples: ThroughputCallback counts them)."
+                    "Energy per sample: not available (no steady samples/s: ThroughputCallback measures them)."
                 )
             elif self.no_steady_interval:
                 notes.append(
@@ -112,11 +117,11 @@ class EnergyShare:
                     f"state; they are {interval_s:g} s apart: lower system.interval_s)."
                 )
             else:
-                summary[names.SUMMARY_JOULES_PER_SAMPLE] = self.steady_gpu_joules / self.samples
+                summary[names.SUMMARY_JOULES_PER_SAMPLE] = self.steady_gpu_watts / samples_per_sec
             notes.append(
                 f"GPU energy of {self.gpus:g} GPU(s) on {self.nodes:g} node(s) from their counters, over the run; per "
-                "sample: steady-state GPU power × steady-state training time ÷ samples counted once per data-parallel "
-                f"replica; {SHARED_GPU_CAVEAT}."
+                "sample: GPU power over the steady steps ÷ the steady samples/s (the headline's steady intervals: "
+                f"steady power × steady seconds ÷ steady samples); {SHARED_GPU_CAVEAT}."
             )
         if self.nodes and self.cpu_counters == self.nodes:
             summary[names.SUMMARY_CPU_KWH] = self.cpu_joules / JOULES_PER_KWH

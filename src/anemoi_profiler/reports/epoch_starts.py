@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from anemoi_profiler import names
 from anemoi_profiler.reports.outcome import NotAssessed, Outcome, Verdict
 from anemoi_profiler.reports.run_data import RunData
 
 EPOCH_START_SHARE = 0.10
-"""Share of the training time (steady steps plus epoch starts) spent at epochs' starts, waiting for their first
-batch, above which the epoch starts slow the run down."""
+"""Share of the all-in training time (every step after the warmup plus the epoch starts) spent at epochs'
+starts, waiting for their first batch, above which the epoch starts slow the run down."""
 EPOCH_START_SHARE_HIGH = 0.30
 
 
@@ -26,8 +27,11 @@ def slow_epoch_starts(run: RunData) -> Outcome:
         return NotAssessed("no training epoch started after the warmup")
     if share < EPOCH_START_SHARE:
         return None
-    steady, whole = run.summary("train/samples_per_sec"), run.summary("train/samples_per_sec_with_epoch_starts")
-    rates = f"; {steady:.4g} samples/s steady, {whole:.4g} with them" if steady and whole else ""
+    steady = run.last(names.SUMMARY_TRAIN_SAMPLES_PER_SEC)
+    whole = run.last(names.SUMMARY_TRAIN_SAMPLES_PER_SEC_ALL_IN) or run.last(
+        names.with_epoch_starts(names.TRAIN_SAMPLES_PER_SEC)  # runs from before the all-in name
+    )
+    rates = f"; {steady:.4g} samples/s steady, {whole:.4g} all in" if steady and whole else ""
     data: dict[str, Any] = (run.sections.get("Throughput") or {}).get("data") or {}
     workers, persistent = data.get("train/dataloader_workers"), data.get("train/persistent_workers")
     if workers and persistent is False:

@@ -1,12 +1,18 @@
 """The run's headline figures, one definition for the console, report.txt/json/html, MLflow's `summary/...`, the
 run description, `compare` and the diagnosis.
 
-Steady state is a stage's log intervals after `throughput.warmup_steps` training batches (validation and the
-profiler's own work taken out), less **slow stretches**: intervals whose time per batch is more than
-`SLOW_STRETCH_FACTOR` times the median interval's (a slow start, another job on the node beside the first steps).
-A rate is the steady intervals' count over their seconds and a per-batch time their seconds over their batches:
-what a clock around those batches reads, not a median of intervals nor a mean that a slow start moves. The slow
-stretches get figures of their own (`summary/train/slow_stretch_*`), which the diagnosis names.
+The **steady steps** are one set, the same for every headline and per-sample figure (samples/s, items/s,
+batches/s, MFU, step time, data wait, energy per sample): the training steps after `throughput.warmup_steps`
+that `steps.json` does not flag, so outside profiling windows and without the profiler's own work (trace export,
+snapshot dump), nor an epoch's first step or the first after validation (`run_files.steps_file.FLAGS`). The stage
+clock leaves the flagged steps' batches and time out of every log interval (`StageMeter.leave_out`); validation
+and the profiler's own work are never training time. Of the log intervals, **slow stretches** are set apart too:
+intervals whose time per batch is more than `SLOW_STRETCH_FACTOR` times the median interval's (a slow start,
+another job on the node beside the first steps). A rate is the steady intervals' count over their seconds and a
+per-batch time their seconds over their batches: what a clock around those batches reads, not a median of
+intervals nor a mean that a slow start moves. Energy per sample is the steady power over the steady samples/s. The
+slow stretches get figures of their own (`summary/train/slow_stretch_*`), which the diagnosis names; the all-in
+rates (`summary/train/..._all_in`, `ALL_IN`) count every batch after the warmup, over every second of it.
 """
 
 from __future__ import annotations
@@ -21,11 +27,17 @@ SLOW_STRETCH_FACTOR = 1.5
 MIN_INTERVALS_TO_SPLIT = 3
 """With fewer log intervals there is no median to tell a slow one by: every interval is steady."""
 LABEL = (
-    f"steady state: the log intervals after warmup, slow stretches (over {SLOW_STRETCH_FACTOR:g}x the median "
-    "interval's time per batch) set apart"
+    "steady state: the steps after warmup, outside profiling windows and the profiler's own work (steps.json's "
+    f"unflagged steps), slow stretches (log intervals over {SLOW_STRETCH_FACTOR:g}x the median interval's time per "
+    "batch) set apart"
 )
 """The headline figures' name where they are shown."""
 DEFINITION = f"{LABEL}; rates = their samples / their seconds, step times = their seconds / their batches"
+ALL_IN = (
+    "every batch after warmup over every second of it: profiling windows, flagged steps, slow stretches, the "
+    "profiler's own work and epoch starts in, validation apart"
+)
+"""What the all-in rates (`summary/train/..._all_in`) count."""
 NOT_ENOUGH = "not enough steady batches"
 """Shown in place of a figure when every batch of the stage fell within the warmup."""
 
