@@ -182,7 +182,7 @@ def test_the_users_lightning_profiler_still_profiles_and_is_given_back(tmp_path:
     assert fit_trainer.profiler is profiler
     assert not isinstance(fit_trainer.profiler, LoopTimer)
     assert any("train_dataloader_next" in action for action in profiler.recorded_durations)
-    assert not [callback for callback in fit_trainer.callbacks if type(callback).__name__.endswith("CallbackMark")]
+    assert not [callback for callback in fit_trainer.callbacks if type(callback).__name__ == "StageClockCallback"]
 
 
 class SlowFirstSample(Dataset):

@@ -111,6 +111,22 @@ def test_a_real_fit_calls_every_action_the_loop_timer_listens_for(namespace: str
     assert any("OneHook" in action and action.endswith(".on_train_batch_end") for action in hooks), hooks
 
 
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_lightnings_own_profilers_profile_by_start_and_stop(namespace: str, tmp_path: Path) -> None:
+    """The loop timer calls `start`/`stop` itself around a timed callback hook where a profiler's `profile` is
+    Lightning's base one; a profiler with its own `profile` is entered as it is."""
+    pytest.importorskip(namespace)
+    profilers = importlib.import_module(f"{namespace}.profilers")
+    assert lightning_private.profile_starts_and_stops(profilers.PassThroughProfiler())
+    assert lightning_private.profile_starts_and_stops(profilers.SimpleProfiler(dirpath=tmp_path, filename="p"))
+
+    class OwnProfile(profilers.PassThroughProfiler):
+        def profile(self, action_name: str) -> Any:
+            return super().profile(action_name)
+
+    assert not lightning_private.profile_starts_and_stops(OwnProfile())
+
+
 def test_no_other_module_reaches_a_private_lightning_name() -> None:
     private = set(lightning_private.PRIVATE_ATTRIBUTES)
     loop_classes = ("_TrainingEpochLoop", "_EvaluationLoop")

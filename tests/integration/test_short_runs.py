@@ -22,7 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
-from anemoi_profiler.clock.markers import FirstCallbackMark, LastCallbackMark
+from anemoi_profiler.clock.clock_callback import StageClockCallback
 from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.tracking.spool import pending_batches, write_run_info
@@ -225,28 +225,29 @@ def test_no_start_up_work_no_overlap(tmp_path: Path) -> None:
     assert "train/startup_overlap_s" not in report_data(callbacks, "Throughput")
 
 
-def test_marks_go_in_only_where_another_callback_has_batch_hooks(tmp_path: Path) -> None:
+def test_the_users_callback_list_gains_only_the_clock_callback(tmp_path: Path) -> None:
+    """Other callbacks' time is timed by the trainer's profiler stand-in: no boundary callback goes into the list."""
     train, _ = loaders(n_train=64)
-    after = BatchEndSpy()  # ours first, the spy after: only a last mark bounds what the spy spends
     callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
-    fit = trainer([*callbacks, after], max_steps=3)
+    before, after = BatchEndSpy(), BatchEndSpy()
+    fit = trainer([before, *callbacks, after], max_steps=3)
     fit.fit(TinyRegressor(), train)
-    assert LastCallbackMark in after.seen and FirstCallbackMark not in after.seen
-    assert not any(isinstance(c, (FirstCallbackMark, LastCallbackMark)) for c in fit.callbacks)  # out at the end
-
-    before = BatchEndSpy()  # before ours with a batch-end hook only: it runs inside the step's time, no mark
-    callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
-    trainer([before, *callbacks], max_steps=3).fit(TinyRegressor(), train)
-    assert LastCallbackMark not in before.seen and FirstCallbackMark not in before.seen
+    added = [kind for kind in after.seen if kind not in {type(callback) for callback in (before, *callbacks, after)}]
+    assert added == [StageClockCallback]
+    assert not any(isinstance(callback, StageClockCallback) for callback in fit.callbacks)  # out at the end
 
 
-def test_another_callbacks_time_is_still_found_by_its_mark(tmp_path: Path) -> None:
+SLOW_HOOK_S = 0.02
+
+
+def test_another_callbacks_time_is_found_by_the_loop_timer(tmp_path: Path) -> None:
     class SlowBatchEnd(pl.Callback):
         def on_train_batch_end(self, *args: Any) -> None:
-            time.sleep(0.005)
+            time.sleep(SLOW_HOOK_S)
 
     callbacks = profiled(tmp_path, "tracking.enabled=false", "report.html=false", "report.console=false")
     train, _ = loaders(n_train=16 * 20)
     trainer([*callbacks, SlowBatchEnd()], max_steps=20).fit(TinyRegressor(), train)
     timing = report_data(callbacks, "Step time and memory")
-    assert timing["train/callbacks_ms"] >= 4.5  # the 5 ms sleep, after ours, bounded by the last mark
+    assert timing["train/callbacks_ms"] >= SLOW_HOOK_S * 1000 * 0.9  # the sleep, after ours, in its hook's time
+    assert timing["train/loop_ms"] < SLOW_HOOK_S * 1000 / 2  # and not in Lightning's loop

@@ -1,8 +1,8 @@
 """Where the time between two batches goes (`BatchGaps`, `LoopTimer`), on timestamps the test sets by hand.
 
 Lightning's part is played by hand: the loop timer stands in for a profiler that does nothing (as Lightning's
-default), the test calls its `start`/`stop` around a fetch as Lightning's loop does, and sets the callback
-marks' times as `FirstCallbackMark`/`LastCallbackMark` would. Times are multiples of 1/64 s: exact sums.
+default), the test calls its `start`/`stop` around a fetch and enters its `profile` around a callback's hook as
+Lightning's loop does. Times are multiples of 1/64 s: exact sums.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def fetch(timer: LoopTimer, time: ManualTime, seconds: float) -> None:
     timer.stop(TRAIN_FETCH)
 
 
+def hook(timer: LoopTimer, time: ManualTime, state_key: str, name: str, seconds: float) -> None:
+    """A callback's hook as Lightning calls it: inside the trainer's profiler."""
+    with timer.profile(f"{CALLBACK_PREFIX}{state_key}.{name}"):
+        time.advance(seconds)
+
+
 def test_a_gap_splits_into_other_callbacks_data_fetch_and_the_loop() -> None:
     """After our batch end: other callbacks' end hooks 1/64 s, loop 2/64, fetch 8/64, loop 4/64, other callbacks'
     start hooks 3/64. Callbacks 4/64, data wait 8/64, loop 6/64 (the 18/64 gap less the other two)."""
@@ -53,13 +59,12 @@ def test_a_gap_splits_into_other_callbacks_data_fetch_and_the_loop() -> None:
     gaps.batch_started()
     time.advance(0.5)  # the step
     gaps.batch_ended("train", GapTimes(), sample_next_gap=False)
-    time.advance(1 / 64)
-    gaps.callbacks_end = time.now  # the last-callback mark
+    hook(timer, time, "After", "on_train_batch_end", 1 / 64)
     time.advance(2 / 64)
     fetch(timer, time, 8 / 64)
-    time.advance(4 / 64)
-    gaps.callbacks_begin = time.now  # the first-callback mark
-    time.advance(3 / 64)
+    with timer.profile("[LightningModule]Model.on_train_batch_start"):  # no callback's: the loop's
+        time.advance(4 / 64)
+    hook(timer, time, "Before", "on_train_batch_start", 3 / 64)
     gaps.batch_started()
     time.advance(0.5)
     into = GapTimes()
@@ -72,13 +77,12 @@ def test_own_work_in_the_gap_is_no_callbacks_or_loop_time() -> None:
     """A trace export of 0.25 s right after our batch end, then other callbacks 2/64 s and the loop 4/64: the
     export is in neither figure."""
     time = ManualTime()
-    gaps, _, own_work = gaps_with_timer(time)
+    gaps, timer, own_work = gaps_with_timer(time)
     gaps.batch_started()
     gaps.batch_ended("train", GapTimes(), sample_next_gap=False)
     with own_work.measure():
         time.advance(0.25)
-    time.advance(2 / 64)
-    gaps.callbacks_end = time.now
+    hook(timer, time, "After", "on_train_batch_end", 2 / 64)
     time.advance(4 / 64)
     gaps.batch_started()
     into = GapTimes()
@@ -100,20 +104,40 @@ def test_a_fetch_before_a_reset_is_no_batchs() -> None:
     assert (into.wait_s, into.fetches) == (1 / 64, 1)
 
 
+def test_a_hook_inside_another_is_counted_once_and_the_profilers_own_not_at_all() -> None:
+    """A checkpoint save of 4/64 s calls another callback's `on_save_checkpoint` (1/64 s of it) and the profiler's
+    own; a profiler callback spends 1 s in its hook. Other callbacks' time: the checkpoint's 4/64 s alone."""
+    time = ManualTime()
+    gaps, timer, _ = gaps_with_timer(time)
+    timer.leave_out(frozenset({"Ours"}))
+    gaps.batch_started()
+    gaps.batch_ended("train", GapTimes(), sample_next_gap=True)
+    with timer.profile(f"{CALLBACK_PREFIX}ModelCheckpoint{{'every_n_train_steps': 1}}.on_train_batch_end"):
+        time.advance(2 / 64)
+        hook(timer, time, "Ema", "on_save_checkpoint", 1 / 64)
+        hook(timer, time, "Ours", "on_save_checkpoint", 1 / 64)
+    hook(timer, time, "Ours", "on_train_batch_start", 1.0)
+    gaps.batch_started()
+    into = GapTimes()
+    gaps.batch_ended("train", into, sample_next_gap=False)
+
+    assert (into.callbacks_s, into.loop_s) == (4 / 64, 1.0)
+    assert gaps.callbacks_ms() == {"ModelCheckpoint{'every_n_train_steps': 1}": 62.5}
+
+
 def test_a_sampled_gap_names_the_callbacks_in_it() -> None:
     """Once an interval the next gap is timed hook by hook: `Slow` spent 3/64 s there, 46.875 ms; the
     profiler's own callbacks are left out."""
     time = ManualTime()
     gaps, timer, _ = gaps_with_timer(time)
-    gaps.own_state_keys = frozenset({"Ours"})
+    timer.leave_out(frozenset({"Ours"}))
     gaps.batch_started()
     gaps.batch_ended("train", GapTimes(), sample_next_gap=True)
     for state_key, seconds in (("Slow", 3 / 64), ("Ours", 1.0)):
-        with timer.profile(f"{CALLBACK_PREFIX}{state_key}.on_train_batch_end"):
-            time.advance(seconds)
+        hook(timer, time, state_key, "on_train_batch_end", seconds)
     gaps.batch_started()
     assert gaps.callbacks_ms() == {"Slow": 46.875}
-    assert timer.profile == timer.wrapped.profile  # sampling over: Lightning calls the real profiler directly
+    assert timer.profile == timer.wrapped.profile  # in the step, Lightning calls the real profiler directly
 
 
 def test_data_wait_per_batch_over_an_interval(tmp_path: Path) -> None:

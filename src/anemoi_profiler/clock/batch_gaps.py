@@ -1,13 +1,15 @@
 """Where the host time between two measured batches goes: data fetch, other callbacks, Lightning's loop.
 
 The gap from our `on_batch_end` to our next `on_batch_start` holds, in order: the other callbacks'
-`on_batch_end` that run after ours (up to the last-callback mark), Lightning's loop (logging, the per-batch
-stop-signal broadcast with several ranks, the fetch, the batch's transfer to the device), and the
-`on_batch_start` of callbacks before ours (from the first-callback mark). The fetch is timed by the
-`LoopTimer` wherever it runs: in the gap, or inside a `dataloader_iter` training step. The profiler's own work
-(a trace export in our `on_batch_end`) is taken out. Each measurement is two `perf_counter` readings and one
-Python call at each end of a batch (this code runs between torch's operators, with cold caches: each call
-costs microseconds); once per log interval one gap is sampled callback by callback, to name them.
+`on_batch_end` that run after ours, Lightning's loop (logging, the per-batch stop-signal broadcast with several
+ranks, the fetch, the batch's transfer to the device), and the `on_batch_start` of callbacks before ours. The
+`LoopTimer` that stands in for the trainer's profiler times both: each fetch wherever it runs (in the gap, or
+inside a `dataloader_iter` training step) and each other callback's hook in the gap (see `loop_timer` for why
+it, and no callback of ours in the user's list, is the instrument of other callbacks' time). The profiler's own
+work (a trace export in our `on_batch_end`) is taken out; the rest is Lightning's loop. Per batch that is two
+`perf_counter` readings at each end and a reading around each other callback's hook in the gap (this code runs
+between torch's operators, with cold caches: each call costs microseconds); once per log interval one gap is
+also split callback by callback, to name them.
 """
 
 from __future__ import annotations
@@ -24,13 +26,7 @@ class BatchGaps:
     def __init__(self, own_work: OwnWorkClock, now: Callable[[], float] = time.perf_counter) -> None:
         self._own_work = own_work
         self._now = now
-        self.callbacks_begin: float | None = None
-        """Set by the first-callback mark at a batch's start."""
-        self.callbacks_end: float | None = None
-        """Set by the last-callback mark at a batch's end."""
         self.loop_timer: LoopTimer | None = None
-        self.own_state_keys: frozenset[str] = frozenset()
-        """Callbacks of the profiler itself, left out of the named breakdown."""
         self.callback_seconds: dict[str, list[float]] = {}
         """Per other callback's state key: [seconds in its hooks over the sampled gaps, sampled gaps]."""
         # The loop timer's own, once attached: it adds each fetch, `batch_ended` takes them.
@@ -39,28 +35,25 @@ class BatchGaps:
         self._last_end: float | None = None
         self._own_work_at_end = 0.0
         self._callbacks_s = self._loop_s = 0.0  # this batch's gap before it, split when it started
-        self._sampling = False
 
     def attach(self, timer: LoopTimer, own_state_keys: frozenset[str]) -> None:
-        """Take the fetches `timer` times, and name in samples the callbacks not in `own_state_keys`."""
-        self.loop_timer, self.own_state_keys = timer, own_state_keys
+        """Take the fetches and the other callbacks' hooks `timer` times; the callbacks in `own_state_keys` (the
+        profiler's) are no other callbacks."""
+        self.loop_timer = timer
+        timer.leave_out(own_state_keys)
         self._fetch_s, self._fetches = timer.fetch_s, timer.fetches
 
     def batch_started(self) -> None:
         """Split the gap since the last batch's end into other callbacks' hooks and Lightning's loop."""
         now = self._now()
-        if self._sampling:
-            self._end_sample()
-        begin, end, last_end = self.callbacks_begin, self.callbacks_end, self._last_end
-        self.callbacks_begin = self.callbacks_end = None
+        callbacks_s = self._close_gap()
+        last_end = self._last_end
         if last_end is None:
             self._callbacks_s = self._loop_s = 0.0
             return
-        own_work = self._own_work.total_s - self._own_work_at_end  # it ran in our batch-end hook, before the others'
+        own_work = self._own_work.total_s - self._own_work_at_end  # our hooks' and the profiler's callbacks' work
         gap = max(0.0, now - last_end - own_work)
-        after_ours = max(0.0, end - last_end - own_work) if end is not None and end >= last_end else 0.0
-        before_ours = now - begin if begin is not None and begin >= last_end else 0.0
-        self._callbacks_s = callbacks = min(gap, after_ours + before_ours)
+        self._callbacks_s = callbacks = min(gap, callbacks_s)
         self._loop_s = max(0.0, gap - callbacks - sum(self._fetch_s.values()))
 
     def batch_ended(self, stage: str, into: GapTimes | None, sample_next_gap: bool) -> None:
@@ -73,9 +66,8 @@ class BatchGaps:
             into.callbacks_s += self._callbacks_s
             into.loop_s += self._loop_s
         fetch_s[stage], fetches[stage] = 0.0, 0
-        if sample_next_gap and self.loop_timer is not None:
-            self.loop_timer.start_sample()
-            self._sampling = True
+        if self.loop_timer is not None:
+            self.loop_timer.open_gap(sample_next_gap)
         self._last_end = self._now()
         self._own_work_at_end = self._own_work.total_s
 
@@ -85,22 +77,22 @@ class BatchGaps:
 
     def reset(self) -> None:
         """A stage starts or ends: the time across it is no batch's gap, and fetches before it are no batch's."""
-        if self._sampling:
-            self._end_sample()
-        self._last_end = self.callbacks_begin = self.callbacks_end = None
+        self._close_gap()
+        self._last_end = None
         for stage in STAGES:
             self._fetch_s[stage], self._fetches[stage] = 0.0, 0
 
-    def _end_sample(self) -> None:
-        self._sampling = False
+    def _close_gap(self) -> float:
+        """Seconds in other callbacks' hooks since the last batch's end; a sampled gap's split is kept."""
         if self.loop_timer is None:
-            return
-        for state_key, seconds in self.loop_timer.end_sample().items():
-            if state_key not in self.own_state_keys:
-                totals = self.callback_seconds.setdefault(state_key, [0.0, 0.0])
-                totals[0] += seconds
-        for totals in self.callback_seconds.values():
-            totals[1] += 1
+            return 0.0
+        seconds, sample = self.loop_timer.close_gap()
+        if sample is not None:
+            for state_key, spent in sample.items():
+                self.callback_seconds.setdefault(state_key, [0.0, 0.0])[0] += spent
+            for totals in self.callback_seconds.values():
+                totals[1] += 1
+        return seconds
 
     def callbacks_ms(self) -> dict[str, float]:
         """Mean milliseconds per batch in each other callback's hooks between steps, largest first."""

@@ -4,9 +4,10 @@ The session puts it into the trainer's callback list when the first interval cal
 after that callback), and takes it out at the session's end; the interval callbacks themselves define no batch
 hook. Here, in one place, the clock learns where each batch, epoch and stage starts and ends; what it
 measures, and with what, is listed in `clock.stage_clock`. Installing it also installs the clock's
-instruments that must sit in the trainer: the loop timer standing in for the trainer's profiler (the data wait),
-the boundary callbacks (`markers`, bounding the other callbacks' hook time) and the gradient-sync timer's comm hook
-(the collective wait). An error in the clock stops it (logged once): training and the other callbacks go on.
+instruments that must sit in the trainer: the loop timer standing in for the trainer's profiler (the data wait
+and the other callbacks' hook time, `loop_timer`) and the gradient-sync timer's comm hook (the collective wait).
+Nothing else goes into the user's callback list. An error in the clock stops it (logged once): training and the
+other callbacks go on.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from anemoi_profiler.clock import LoopTimer, StageClock
-from anemoi_profiler.clock.markers import insert_marks, remove_marks
 from anemoi_profiler.logs import get_logger
 from anemoi_profiler.run_files.steps_file import CHECKPOINT
 from anemoi_profiler.trainer.callback_base import Callback
@@ -27,11 +27,11 @@ class StageClockCallback(Callback):
         self.session = session  # what marks it as the profiler's own (its hook time is not "other callbacks'")
         self.clock = clock
         self.stopped = False
-        self._installed: tuple[Any, LoopTimer | None, tuple[Any, ...]] | None = None
+        self._installed: tuple[Any, LoopTimer] | None = None
 
     def install(self, trainer: Any, after: Any) -> None:
-        """Into `trainer.callbacks` right after `after`, with the loop timer and the boundary callbacks. A new
-        list, never the list changed in place: Lightning is iterating over the old one (calling `setup`).
+        """Into `trainer.callbacks` right after `after`, with the loop timer. A new list, never the list changed
+        in place: Lightning is iterating over the old one (calling `setup`).
 
         A trainer without a profiler or a callback list (a stand-in) gets none of them: its data wait is then not
         assessed, and its hooks are called by hand."""
@@ -43,21 +43,19 @@ class StageClockCallback(Callback):
         trainer.callbacks = [*callbacks[:at], self, *callbacks[at:]]
         timer = LoopTimer(trainer.profiler)
         trainer.profiler = timer
-        marks = insert_marks(trainer, self.clock.gaps, self, self._is_ours)
-        ours = [c for c in trainer.callbacks if self._is_ours(c) or any(c is mark for mark in marks)]
+        ours = [callback for callback in trainer.callbacks if self._is_ours(callback)]
         self.clock.gaps.attach(timer, frozenset(callback.state_key for callback in ours))
-        self._installed = (trainer, timer, marks)
+        self._installed = (trainer, timer)
 
     def remove(self) -> None:
-        """Out of the trainer, with the loop timer and the boundary callbacks; the clock measures no more."""
+        """Out of the trainer, with the loop timer; the clock measures no more."""
         self.clock.close()
         installed, self._installed = self._installed, None
         if installed is None:
             return
-        trainer, timer, marks = installed
+        trainer, timer = installed
         if trainer.profiler is timer:
             trainer.profiler = timer.wrapped
-        remove_marks(trainer, marks)
         trainer.callbacks = [callback for callback in trainer.callbacks if callback is not self]
 
     def _is_ours(self, callback: Any) -> bool:

@@ -33,7 +33,8 @@ class GapTimes:
     wait_s: float = 0.0
     """Fetching batches from the dataloader, wherever it ran (between batches, or inside a `dataloader_iter` step)."""
     callbacks_s: float = 0.0
-    """Other callbacks' batch hooks between the steps (after ours at a batch's end, before ours at its start)."""
+    """Other callbacks' batch hooks between the steps (after ours at a batch's end, before ours at its start), each
+    timed by the `LoopTimer`; the profiler's own callbacks are not other callbacks."""
     loop_s: float = 0.0
     """The rest between batches: Lightning's loop, the batch's transfer, logging and, with several ranks, the
     loop's per-batch stop-signal broadcast, in which a rank waits for the others."""

@@ -12,7 +12,8 @@ Who measures what, all owned by the clock:
 - the step: a `StageMeter` per stage (`intervals`), intervals timed with CUDA events on a GPU, steady state only
   (after `throughput.warmup_steps` training batches, never the sanity check), validation time out of training's;
 - the data wait, other callbacks' hooks and Lightning's loop between the steps: `BatchGaps`, with the fetches
-  timed by the `LoopTimer` that stands in for the trainer's profiler (`batch_gaps`, `loop_timer`);
+  and other callbacks' hooks timed by the `LoopTimer` that stands in for the trainer's profiler (`batch_gaps`,
+  `loop_timer`);
 - the collective wait: the `GradientSyncTimer` (`distributed.gradient_sync`), read at each training interval's end;
 - the epoch starts: `StageMeter.pause` and `resume`, from an epoch's start to its first batch;
 - the profiler's own work (trace export, snapshot dump), taken out of every figure: `OwnWorkClock` (`own_work`);

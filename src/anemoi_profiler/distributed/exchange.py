@@ -13,6 +13,13 @@ node, plus (on the first rank of a node) a few dozen per level above. Nodes are 
 `ranks_per_node` consecutive global ranks, as Lightning and torchrun number them; were they numbered otherwise,
 the figures would still be right, only more of the traffic would cross nodes.
 
+Every collective of the profiler's own goes through here, the one broadcast from rank 0 (`broadcast_text`: the run
+folder at the start, the ranks a request names) included, never through `trainer.strategy`: the strategy's
+`broadcast` runs on the training's default group (NCCL on GPUs: a pickled object copied to the device and back, a
+device sync, in the training's communicator), waits the default timeout for a rank that failed, and is each
+strategy's own method; these groups exist, with their short timeout, under every strategy and launcher (DDP,
+FSDP2 through `ModelParallelStrategy`, torchrun, SLURM) once the default group is up.
+
 The groups are destroyed when the session ends (`close`). Left to the interpreter's exit, a gloo worker
 thread can still hold the tensors of the last collective when Python finalizes; freeing them then takes
 the GIL, Python ends that thread with `pthread_exit`, and the unwind through a C++ destructor calls
@@ -194,8 +201,8 @@ class RankExchange:
         return [str(value) for value in texts]
 
     def broadcast_text(self, text: str) -> str | None:
-        """Rank 0's `text` on every rank (a collective; once per request, never per step), or None once the
-        exchange has failed or closed."""
+        """Rank 0's `text` on every rank (a collective; at the start and once per request, never per step); this
+        rank's own `text` in a single-process run, None once the exchange has failed or closed."""
         if self.world_size == 1:
             return text
         if self._levels is None:

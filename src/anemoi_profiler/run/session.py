@@ -183,9 +183,10 @@ class ProfilerSession:
         header: dict[str, Any] = {}
         environment: dict[str, Any] = {}
         run_dir = self._write_run_folder(trainer, environment, header) if self.is_global_zero else None
-        # Every rank learns whether rank 0 could write the run folder, so they all stay in step.
-        shared = self._from_rank_zero(trainer, str(run_dir) if run_dir else None)
-        if shared is None:
+        # Every rank learns whether rank 0 could write the run folder, so they all stay in step: on the profiler's
+        # gloo groups, as every exchange of its own (never the strategy's device collectives; see `exchange`).
+        shared = self.exchange.broadcast_text(str(run_dir) if run_dir else "")
+        if not shared:
             return
         self.run_dir = Path(shared)
         if self.config.triggers.enabled:
@@ -256,12 +257,6 @@ class ProfilerSession:
             run_id=run_id,
             key_prefix=key_prefix,
         )
-
-    @staticmethod
-    def _from_rank_zero(trainer: Any, value: Any) -> Any:
-        if trainer_info.world_size(trainer) == 1:
-            return value
-        return trainer.strategy.broadcast(value, src=0)
 
     def _finish(self, trainer: Any) -> None:
         """Write the report, send the summary and the run folder, close the sink; never raise into training."""

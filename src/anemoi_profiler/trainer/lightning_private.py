@@ -3,7 +3,8 @@
 Lightning has no public way to see a data fetch or the training step without the callbacks' hooks, to read an
 `MLFlowLogger`'s store and key prefix, to reach the user's DDP communication hook before it is registered, or to
 tell that it unwrapped a compiled LightningModule. The profiler reads them here: the action names Lightning passes
-to `trainer.profiler` (built from its private loop classes, strings inside its loops) and the attributes of
+to `trainer.profiler` (built from its private loop classes, strings inside its loops), the module of its base
+`Profiler` and the attributes of
 `PRIVATE_ATTRIBUTES`. tests/integration/test_lightning_private.py checks each on every installed Lightning namespace
 (`lightning.pytorch` and `pytorch_lightning`), the action names in a real fit. On a Lightning that lacks one, the
 figure it feeds is not assessed or found another way, with one warning (`missing`); the fit goes on.
@@ -28,6 +29,21 @@ CALLBACK_PREFIX = "[Callback]"
 """Every callback hook runs in `profile("[Callback]<state key>.<hook>")` (`trainer/call.py`)."""
 TRAINING_STEP = "run_training_batch"
 """The training step alone, without any callback's hooks (`training_epoch_loop.py`)."""
+
+PROFILER_MODULES = ("lightning.pytorch.profilers.profiler", "pytorch_lightning.profilers.profiler")
+"""Where Lightning's base `Profiler` lives, in either namespace."""
+
+
+def profile_starts_and_stops(profiler: Any) -> bool:
+    """Whether `profiler.profile` is Lightning's own `Profiler.profile` (`profilers/profiler.py`): `start`, the
+    block, then `stop`, which the loop timer may then call itself. False for a profiler with a `profile` of its
+    own, or a Lightning whose base profiler moved: the loop timer then enters `profile` as it is."""
+    function = getattr(type(profiler), "profile", None)
+    return (
+        getattr(function, "__qualname__", "") == "Profiler.profile"
+        and getattr(function, "__module__", "") in PROFILER_MODULES
+    )
+
 
 # ---- private attributes ----
 PRIVATE_ATTRIBUTES = {
