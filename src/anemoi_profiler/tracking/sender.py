@@ -29,10 +29,12 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
@@ -112,6 +114,23 @@ def describe(error: BaseException) -> str:
         return "no answer (timed out)"
     first_line = (str(error).splitlines() or [""])[0]
     return redact_text(f"{type(error).__name__}: {first_line}")[:300]
+
+
+def probe(uri: str) -> None:
+    """Raise ConnectionRefusedError when the http(s) server of `uri` refuses connections: known in milliseconds,
+    without importing MLflow (seconds), so that the end of a short fit against a server that is not there is quick.
+    Anything else (a proxy in the way, a name to look up, a slow answer) is left to MLflow's own attempt."""
+    parsed = urllib.parse.urlsplit(uri)
+    proxied = any(os.environ.get(name) for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy"))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or proxied:
+        return
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except ConnectionRefusedError:
+        raise
+    except (OSError, ValueError):
+        return
 
 
 class _Status:
@@ -202,6 +221,8 @@ def serve(spool_dir: Path) -> None:
         closing = stdin.closed.is_set()  # before the files are listed: those written before the close are seen
         if closing or time.monotonic() >= next_try:
             try:
+                if status.values["state"] != "up":
+                    probe(target.tracking_uri)
                 if target.info_unsaved:
                     target.save_info()
                 target.ensure_run()
