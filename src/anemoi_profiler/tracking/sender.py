@@ -209,8 +209,13 @@ def serve(spool_dir: Path) -> None:
     package_log.addHandler(_Warnings(status))
     package_log.propagate = False
 
-    def end_by_the_deadline() -> None:  # the training process is gone: no one else will stop us
-        stdin.gone.wait()
+    def end_by_the_deadline() -> None:
+        """Once the training process is gone (stdin closed; or reparented, should a forked data loader worker still
+        hold the pipe), no one else will stop us: a last pass, and the end within the close deadline."""
+        parent = os.getppid()
+        while not stdin.gone.wait(1.0) and os.getppid() == parent:
+            pass
+        stdin.closed.set()
         time.sleep(setup["close_timeout_s"])
         os._exit(1)
 
