@@ -141,6 +141,7 @@ class TrackingSink:
         self._flush_requested = threading.Event()
         self._seq = itertools.count()
         self._offline_since: float | None = None
+        self._away_said = False
         self._last_write = 0.0
         self._said: set[object] = set()
         self._closer: threading.Thread | None = None
@@ -392,8 +393,13 @@ class TrackingSink:
             self.started_up_at = time.perf_counter()
         if self._stopping.is_set():
             return  # the end says what is left, once
-        if status.get("state") == "away" and self._offline_since is None:
-            self._offline_since = time.monotonic()
+        state, now = status.get("state"), time.monotonic()
+        if state == "away" and self._offline_since is None:
+            self._offline_since = now
+        away_s = now - (self._offline_since or now)
+        if state == "away" and not self._away_said and away_s >= self.retry_interval_s:
+            # Said while the fit goes on only after a retry failed too: a short fit hears the cause once, at its end.
+            self._away_said = True
             log.warning(
                 "MLflow at %s: %s. Training goes on; metrics are kept in %s and sent when it answers "
                 "(retry every %g s)",
@@ -402,13 +408,14 @@ class TrackingSink:
                 self.spool_dir,
                 self.retry_interval_s,
             )
-        elif status.get("state") == "up" and self._offline_since is not None:
-            log.warning(
-                "MLflow at %s answers again after %.0f s; spooled metrics were sent",
-                redact_uri(self.tracking_uri),
-                time.monotonic() - self._offline_since,
-            )
-            self._offline_since = None
+        elif state == "up" and self._offline_since is not None:
+            if self._away_said:
+                log.warning(
+                    "MLflow at %s answers again after %.0f s; spooled metrics were sent",
+                    redact_uri(self.tracking_uri),
+                    away_s,
+                )
+            self._offline_since, self._away_said = None, False
 
     def _write_if_due(self, force: bool) -> None:
         """Write what is queued to the spool every flush interval; while MLflow is away, every retry interval (or
