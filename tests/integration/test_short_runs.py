@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,9 +24,8 @@ from mlflow.tracking import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.clock.clock_callback import StageClockCallback
-from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.sink import TrackingSink
-from anemoi_profiler.tracking.spool import pending_batches, write_run_info
+from anemoi_profiler.tracking.spool import pending_batches
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 
 
@@ -164,40 +164,76 @@ def test_a_short_fit_whose_server_never_answers_ends_and_its_delivery_gives_up_i
     assert children() == before, "the stuck sender was killed"
 
 
-def sender_for(tmp_path: Path, uri: str, reply_timeout_s: float = sender.REPLY_TIMEOUT_S) -> sender.SenderProcess:
-    """A sender handle for a new run, as the sink makes it."""
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    write_run_info(spool, {"tracking_uri": uri, "experiment": "short", "run_id": None, "run_name": "short"})
-    return sender.SenderProcess(spool, uri, reply_timeout_s)
+def sender_pid(before: set[int]) -> int:
+    (pid,) = children() - before
+    return pid
 
 
 def test_the_sender_is_out_of_the_trainings_ctrl_c(tmp_path: Path) -> None:
     before = children()
-    target = sender_for(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sink = TrackingSink(f"sqlite:///{tmp_path / 'mlflow.db'}", "short", tmp_path / "spool", flush_interval_s=0.1)
     try:
-        assert target.ensure_run()
-        (pid,) = children() - before
+        assert sink.flush(timeout_s=120) and sink.run_id
+        pid = sender_pid(before)
         if sys.version_info >= (3, 11):
             assert os.getpgid(pid) == pid  # the terminal's Ctrl-C goes to the training's group
         assert ignores_sigint(pid)
         os.kill(pid, signal.SIGINT)  # what a Ctrl-C sends it on Python 3.10, where it shares our group
-        target.replay()  # the same sender answers
+        sink.log_metrics({"m": 1.0}, step=1)
+        assert sink.flush(timeout_s=60)  # the same sender sends it
         assert children() - before == {pid}
     finally:
-        target.stop()
+        assert sink.close(timeout_s=60)
     assert children() == before
+    assert MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(sink.run_id).data.metrics == {"m": 1.0}
 
 
-def test_a_sender_that_does_not_answer_is_stopped_and_the_wait_ends(tmp_path: Path) -> None:
-    """A server that takes the connection and never answers: the sink's thread waits `reply_timeout_s`, not
-    MLflow's own timeouts and retries, and the stuck sender is killed (the next request starts a new one)."""
+def test_a_server_that_never_answers_costs_the_close_its_deadline_and_no_more(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers: `close` waits `timeout_s`, not MLflow's own HTTP
+    timeout, then kills the sender; the metrics stay in the spool."""
     before = children()
+    spool = tmp_path / "run" / "spool" / "rank0"
     with socket.create_server(("127.0.0.1", 0)) as silent:
-        target = sender_for(tmp_path, f"http://127.0.0.1:{silent.getsockname()[1]}", reply_timeout_s=3.0)
-        with pytest.raises(sender.SenderError, match=r"no answer in 3 s"):
-            target.ensure_run()
+        sink = TrackingSink(f"http://127.0.0.1:{silent.getsockname()[1]}", "short", spool, close_timeout_s=3)
+        sink.log_metrics({"m": 1.0}, step=1)
+        started = time.monotonic()
+        assert sink.close(timeout_s=3) is False
+        assert 3 <= time.monotonic() - started < 15
         assert children() == before
+    assert pending_batches(spool)
+
+
+def test_the_sender_ends_when_the_training_process_is_gone(tmp_path: Path) -> None:
+    """A training process killed outright (no `close`, no exit handlers): the sender, stuck on a server that never
+    answers, ends by its own deadline."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from anemoi_profiler.tracking.sink import TrackingSink\n"
+        "sink = TrackingSink(sys.argv[1], 'e', Path(sys.argv[2]), flush_interval_s=0.1, close_timeout_s=2)\n"
+        "sink.log_metrics({'m': 1.0}, step=1)\n"
+        "time.sleep(2)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    spool = tmp_path / "run" / "spool" / "rank0"
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        completed = subprocess.run([sys.executable, "-c", script, uri, str(spool)], timeout=180, check=False)
+        assert completed.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 15
+        while senders_of(spool) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not senders_of(spool), "the sender outlived its training process past its deadline"
+    assert pending_batches(spool)
+
+
+def senders_of(spool: Path) -> list[int]:
+    """Processes whose command line names `spool`: its sender."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if str(spool) in (process.info["cmdline"] or []):
+            found.append(process.pid)
+    return found
 
 
 def test_a_short_run_says_its_measured_steps_overlapped_the_start_up(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import mlflow
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -109,10 +110,13 @@ def test_unreachable_server_is_reported_once_with_the_replay_command(
         sink.log_metrics({"m": 1.0}, step)
         assert time.perf_counter() - started < 0.01  # the training thread only enqueues
         time.sleep(0.02)
-    assert not sink.close("FINISHED", timeout_s=5)
-    warnings = [r.getMessage() for r in caplog.records if "not reachable" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "anemoi-profiler sync" in warnings[0]
+    started = time.perf_counter()
+    assert not sink.close("FINISHED", timeout_s=30)
+    assert time.perf_counter() - started < 25, "the end waited for a server that refuses connections"
+    (warning,) = [r.getMessage() for r in caplog.records if "anemoi-profiler sync" in r.getMessage()]
+    assert "connection refused; 20 metric point(s) kept in" in warning
+    assert caplog.text.count("connection refused") == 1  # a short life: the cause is said once, at the end
+    assert "Error" not in caplog.text and "sender" not in caplog.text  # the cause, not the profiler's internals
     spooled = [json.loads(p.read_text()) for p in pending_batches(tmp_path / "run" / "spool" / "rank0")]
     assert sum(len(batch["metrics"]) for batch in spooled) == 20
     # Where to look names no run that was never made, and says how to send the spool once MLflow is there.
@@ -216,3 +220,84 @@ def test_mlflow_runs_outside_the_training_process(tmp_path: Path) -> None:
     (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, names.TRAIN_STEP_MS)] == [4, 8, 10]
+
+
+OUTAGE_FIT = """
+import json, os, sys, time
+from anemoi_profiler import ProfilerConfig, build_callbacks
+from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
+
+config = ProfilerConfig.load(None, [f"output_dir={sys.argv[1]}", f"tracking.uri={sys.argv[2]}", "report.console=false",
+                                    "log_every_n_steps=2", "throughput.warmup_steps=0", "system.interval_s=0.2"])
+callbacks = build_callbacks(config)
+train, _ = loaders(n_train=160)
+trainer(callbacks, max_steps=10).fit(TinyRegressor(step_sleep_s=0.05), train)
+print(json.dumps({"fit_ended": time.time(), "run_dir": str(callbacks[0].session.run_dir)}), flush=True)
+"""
+"""A short fit whose MLflow server is not there; it reads nothing back, so its exit is the end of the profiler."""
+
+
+def processes_naming(text: str) -> list[str]:
+    """Command lines of the processes that name `text` (the run folder: the sender names its spool)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if text in cmdline:
+            found.append(f"{process.pid}: {cmdline}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_an_outage_leaves_nothing_behind_and_sync_sends_every_metric_later(tmp_path: Path) -> None:
+    """A server that refuses connections: the process ends a few seconds after the fit, leaves no process behind
+    and no traceback, says why once and how to send the spool; once a server is there, `sync` sends it all."""
+    repo = Path(__file__).resolve().parents[2]
+    port = free_port()
+    started = subprocess.Popen(
+        [sys.executable, "-c", OUTAGE_FIT, str(tmp_path / "runs"), f"http://127.0.0.1:{port}"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = started.communicate(timeout=300)
+    exited = time.time()
+    assert started.returncode == 0, err[-3000:]
+    (seen,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    run_dir = Path(seen["run_dir"])
+    assert exited - seen["fit_ended"] < 10, f"the process ended {exited - seen['fit_ended']:.1f} s after the fit"
+    assert not processes_naming(str(run_dir)), "a profiler process outlived the training"
+    assert "Traceback" not in err, err[-3000:]
+    (message,) = [line for line in err.splitlines() if "connection refused" in line]  # the cause, once
+    assert f"MLflow at http://127.0.0.1:{port}: connection refused;" in message
+    assert f"send them with: anemoi-profiler sync {run_dir}" in message
+    assert "sender" not in err and "SenderError" not in err  # the cause, not the profiler's internals
+    print(f"exit {exited - seen['fit_ended']:.1f} s after the fit; {message}")
+
+    server = MlflowServer(tmp_path / "server", port=port)  # the server comes back where the spool says it is
+    server.start()
+    try:
+        time.sleep(max(0.0, exited + 30 - time.time()))
+        assert not processes_naming(str(run_dir)), "a profiler process is still there 30 s after the exit"
+        synced = subprocess.run(
+            [sys.executable, "-m", "anemoi_profiler.cli", "sync", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert synced.returncode == 0, synced.stderr[-3000:]
+        client = MlflowClient(server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("anemoi-profiler").experiment_id])
+        assert run.info.status == "FINISHED"
+        for key, points in json.loads((run_dir / "metrics.json").read_text()).items():
+            history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+            assert [step for step, _ in history] == sorted(points["step"]), key
+            assert [value for _, value in history] == pytest.approx(
+                [value for _, value in sorted(zip(points["step"], points["value"], strict=True))]
+            ), key
+        assert not pending_batches(run_dir / "spool" / "rank0")
+    finally:
+        server.stop()

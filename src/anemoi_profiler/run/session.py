@@ -73,7 +73,7 @@ class ProfilerSession:
 
     def startup_work_until(self) -> float | None:
         """`perf_counter` when the profiler's own start-up beside the training ended on this rank (the MLflow
-        sender's first answer), now if it goes on; None when this rank has no sink."""
+        sender's first report), now if it goes on; None when this rank has no sink."""
         if self.sink is None:
             return None
         return self.sink.started_up_at or time.perf_counter()

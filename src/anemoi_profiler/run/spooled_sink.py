@@ -35,6 +35,7 @@ def open_sink(
             key_prefix=key_prefix,
             flush_interval_s=tracking.flush_interval_s,
             retry_interval_s=tracking.retry_interval_s,
+            close_timeout_s=tracking.close_timeout_s,
             relay_requests=rank == 0 and config.triggers.enabled and config.triggers.requests,
         )
     except OSError as error:

@@ -2,8 +2,10 @@
 
 ```
 training thread -> TrackingSink (sink.py: a queue and a thread) -> spool files (spool.py)
-                -> SenderProcess (sender.py: a child process) -> MlflowTarget (mlflow_target.py) -> MLflow
+    -> sender (sender.py: a child process that follows the spool) -> MlflowTarget (mlflow_target.py) -> MLflow
 ```
+
+The sender reports back through the spool too (`sender.json`); `close` waits for it at most one deadline.
 
 `anemoi-profiler sync` replays a spool through `MlflowTarget` directly.
 `report`, `compare` and `analyze` fetch a run that lives only in MLflow through `run_download`.

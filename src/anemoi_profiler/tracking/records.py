@@ -2,7 +2,8 @@
 
 The queue carries one typed record per call (`Metric`, `Params`, `Tags`, `Description`, `Artifact`, `Terminate`), plus
 `FlushRequest`s and batches handed back by a disk that refused them. The sink's thread merges them into a
-`Batch`, the unit of the spool files and of the sender's requests; `Batch.to_dict` is their JSON form.
+`Batch`, the unit of the spool files (and of the sender's stdin, when the disk refuses); `Batch.to_dict` is their
+JSON form.
 """
 
 from __future__ import annotations
@@ -90,11 +91,6 @@ class Batch:
         self.artifacts += other.artifacts
         self.terminate = other.terminate or self.terminate
         self.description = other.description if other.description is not None else self.description
-
-    def take(self, other: Batch) -> None:
-        """Become `other`: what the sender reports is left of this batch after a send."""
-        self.metrics, self.params, self.tags = other.metrics, other.params, other.tags
-        self.artifacts, self.terminate, self.description = other.artifacts, other.terminate, other.description
 
     def empty(self) -> bool:
         return not (self.metrics or self.params or self.tags or self.artifacts or self.terminate) and (

@@ -4,12 +4,21 @@ MLflow's client is pure Python: importing it takes 1.5 s of CPU or more, and sen
 interval's metrics to a sqlite store about 10 ms (SQLAlchemy). In a thread of the training process, MLflow's own
 asynchronous logging included, all of it would hold the interpreter lock that the training loop needs between
 its operators; a call stuck on a server that does not answer could not be stopped either. In a child process it
-costs the training nothing and can be killed. The sink's thread starts it on its first request and asks it for
-one thing at a time (create the run, send the spool, send a batch) over its stdin; the answer is a JSON line on a
-pipe of its own, read with a deadline (`REPLY_TIMEOUT_S`); MLflow's own prints go to stderr. The child ends when
-its stdin closes, so it never outlives the training process.
-Run as `python -m anemoi_profiler.tracking.sender <reply fd>` (see `_spawn`): this package imports neither torch
-nor Lightning.
+costs the training nothing and can be killed.
+
+The child follows the spool folder: it creates the run, sends the batch files in order as the sink's thread writes
+them and deletes each once MLflow has it, and writes what the training process needs to know back into the spool
+(`sender.json`: the run id, whether MLflow answers and why not). Its stdin carries only the URI (it may hold
+credentials: never on a command line), the batches a full disk refused, and the word that the spool is closed;
+then the child sends what is left, once, and ends. The training process waits for that at most
+`tracking.close_timeout_s`, then kills it. Stdin also closes when the training process is gone, however it ended:
+the child then makes its last pass within the same deadline and ends, so it never outlives the training for long.
+
+A failed attempt is not retried inside MLflow (no HTTP retries: a server that refuses connections is known away
+at once); the child tries again every `retry_interval_s`, and the spool keeps everything meanwhile. Its stdout
+and stderr go to `sender.log` in the spool: MLflow's prints and tracebacks never reach the user's terminal.
+Run as `python -m anemoi_profiler.tracking.sender <spool folder>` (see `start`): this package imports neither
+torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -18,238 +27,237 @@ import contextlib
 import json
 import logging
 import os
-import select
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
-from anemoi_profiler.logs import PREFIX, get_logger
+from anemoi_profiler.logs import PREFIX
 from anemoi_profiler.redaction import redact_text
 from anemoi_profiler.tracking.mlflow_target import MlflowTarget
 from anemoi_profiler.tracking.records import Batch
-from anemoi_profiler.tracking.spool import read_run_info, replay_spool
+from anemoi_profiler.tracking.spool import (
+    LOG_FILE,
+    STATUS_FILE,
+    replay_spool,
+    write_batch,
+    write_run_info,
+)
 
-log = get_logger(__name__)
-
-REPLY_TIMEOUT_S = 300.0
-"""The longest the sink's thread waits for one answer (MLflow's import included in the first): past it the
-sender is taken for stuck, killed, and the server for away; a later request starts a new one. MLflow's own HTTP
-timeout and retries end a request to a server that does not answer well before."""
-
-
-class SenderError(RuntimeError):
-    """What the sender process reported ("<error type>: <first line>"), or that it died or did not answer."""
-
-
-class SenderProcess:
-    """The training process's handle on the sender: started on first use, started again if it died."""
-
-    def __init__(self, spool_dir: Path, tracking_uri: str, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        self.spool_dir = spool_dir
-        self.tracking_uri = tracking_uri
-        self.reply_timeout_s = reply_timeout_s
-        info = read_run_info(spool_dir)
-        self.run_id: str | None = info.get("run_id")
-        self.experiment_id: str | None = info.get("experiment_id")
-        self._process: subprocess.Popen[str] | None = None
-        self._replies: IO[bytes] | None = None
-        self._lock = threading.Lock()
-        self._ending: threading.Thread | None = None
-
-    def ensure_run(self) -> str | None:
-        _succeeded(self._ask({"op": "ensure_run"}))
-        return self.run_id
-
-    def replay(self) -> None:
-        """Send every spooled batch (see `spool.replay_spool`)."""
-        _succeeded(self._ask({"op": "replay"}))
-
-    def send(self, batch: Batch) -> None:
-        """Send `batch`, removing from it what MLflow has taken (also when it fails part-way)."""
-        reply = self._ask({"op": "send", "batch": batch.to_dict()})
-        batch.take(Batch.from_dict(reply["batch"]))
-        _succeeded(reply)
-
-    def stop(self, grace_s: float = 2.0, *, wait: bool = True) -> None:
-        """End the process: close its stdin, which ends it between requests, and kill it after `grace_s` (it may
-        be stuck on a server that does not answer). A request waiting for it then gets its end of file.
-
-        Without `wait`, a daemon thread waits for the end, so that the training process's own exit does not wait
-        for the sender's (its interpreter unloading MLflow takes most of a second); `wait_ended` joins it.
-        """
-        process, replies = self._process, self._replies
-        self._process = self._replies = None
-        if process is None:
-            return
-        _close_stdin(process)
-        if wait:
-            _end(process, replies, grace_s)
-        else:
-            self._ending = threading.Thread(
-                target=_end, args=(process, replies, grace_s), name="anemoi-profiler-sender-end", daemon=True
-            )
-            self._ending.start()
-
-    def wait_ended(self, timeout_s: float) -> bool:
-        """Wait (at most `timeout_s`) for a sender stopped without `wait` to end; True once it has."""
-        if self._ending is not None:
-            self._ending.join(timeout_s)
-            return not self._ending.is_alive()
-        return self._process is None
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            try:
-                process, replies = self._started()
-                assert process.stdin is not None
-                process.stdin.write(json.dumps(request) + "\n")
-                process.stdin.flush()
-                line = _read_line(replies, time.monotonic() + self.reply_timeout_s)
-            except TimeoutError:
-                line, died = b"", f"no answer in {self.reply_timeout_s:g} s: stopped"
-            except (OSError, ValueError) as error:
-                line, died = b"", f"{type(error).__name__}: {error}"
-            else:
-                died = f"it exited with code {process.poll()}"
-            if not line:
-                self.stop(grace_s=0.0)
-                raise SenderError(f"the MLflow sender process stopped ({died})")
-        reply = json.loads(line)
-        self.run_id = reply.get("run_id") or self.run_id
-        self.experiment_id = reply.get("experiment_id") or self.experiment_id
-        for message in reply.get("warnings", []):
-            log.warning("%s", message)
-        return reply
-
-    def _started(self) -> tuple[subprocess.Popen[str], IO[bytes]]:
-        if self._process is None or self._replies is None or self._process.poll() is not None:
-            self.stop(grace_s=0.0)
-            self._process, self._replies = _spawn()
-            # The URI may hold credentials: it goes through the pipe, never on the command line (MLflow's settings
-            # come with the environment).
-            setup = {"spool_dir": str(self.spool_dir), "tracking_uri": self.tracking_uri}
-            assert self._process.stdin is not None
-            self._process.stdin.write(json.dumps(setup) + "\n")
-            self._process.stdin.flush()
-        return self._process, self._replies
+CHILD_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+"""MLflow retries a failed request up to 7 times with growing pauses (minutes against a server that refuses
+connections); the sender's own loop retries instead, so an outage is known from the first attempt."""
+DEFAULT_HTTP_TIMEOUT_S = "30"
+"""MLFLOW_HTTP_REQUEST_TIMEOUT for the sender unless the user set one (MLflow's is 120 s)."""
+WARNINGS_KEPT = 20
 
 
-def _read_line(replies: IO[bytes], deadline: float) -> bytes:
-    """One reply line; b"" at the end of file (the sender died); TimeoutError past `deadline`."""
-    line = b""
-    while not line.endswith(b"\n"):
-        if not select.select([replies], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            raise TimeoutError
-        chunk = os.read(replies.fileno(), 65536)
-        if not chunk:
-            return b""
-        line += chunk
-    return line
-
-
-def _close_stdin(process: subprocess.Popen[str]) -> None:
-    if process.stdin is not None:
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-
-
-def _end(process: subprocess.Popen[str], replies: IO[bytes] | None, grace_s: float) -> None:
-    _close_stdin(process)
+def start(spool_dir: Path, setup: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the sender of `spool_dir`; `setup` (tracking_uri, flush_interval_s, retry_interval_s,
+    close_timeout_s) goes as the first line of its stdin."""
+    env = {**os.environ, **CHILD_ENV}
+    env.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", DEFAULT_HTTP_TIMEOUT_S)
     try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if replies is not None:
-        with contextlib.suppress(OSError):
-            replies.close()
-
-
-def _spawn() -> tuple[subprocess.Popen[str], IO[bytes]]:
-    read_end, write_end = os.pipe()
+        output: IO[bytes] | int = open(spool_dir / LOG_FILE, "ab")  # noqa: SIM115  # the child keeps its own copy
+    except OSError:
+        output = subprocess.DEVNULL
     try:
         process = subprocess.Popen(  # type: ignore[call-overload]  # mypy cannot match the `**` process_group
-            [sys.executable, "-m", __name__, str(write_end)],
+            [sys.executable, "-m", __name__, str(spool_dir)],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            pass_fds=(write_end,),
+            stdout=output,
+            stderr=output,
+            env=env,
             # A process group of its own, so that a Ctrl-C in the terminal is the training's to handle.
             **({"process_group": 0} if sys.version_info >= (3, 11) else {}),
         )
-    except BaseException:
-        os.close(read_end)
-        raise
     finally:
-        os.close(write_end)
-    return process, os.fdopen(read_end, "rb", buffering=0)
+        if not isinstance(output, int):
+            output.close()
+    tell(process, setup)
+    return process
 
 
-def _succeeded(reply: dict[str, Any]) -> None:
-    if not reply["ok"]:
-        raise SenderError(reply["error"])
+def tell(process: subprocess.Popen[bytes], message: dict[str, Any]) -> bool:
+    """One line to the sender's stdin; False when it is gone."""
+    try:
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(message).encode() + b"\n")
+        process.stdin.flush()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def describe(error: BaseException) -> str:
+    """Why MLflow did not take a batch, in a few words: "connection refused" for a server that is not there,
+    else the error's type and first line (redacted)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(str(each) for each in chain)
+    if any(isinstance(each, ConnectionRefusedError) for each in chain) or "Connection refused" in text:
+        return "connection refused"
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host"
+    if status := re.search(r"too many (\d+) error responses", text):
+        return f"HTTP {status[1]} on every request"
+    if "timed out" in text:
+        return "no answer (timed out)"
+    first_line = (str(error).splitlines() or [""])[0]
+    return redact_text(f"{type(error).__name__}: {first_line}")[:300]
+
+
+def probe(uri: str) -> None:
+    """Raise ConnectionRefusedError when the http(s) server of `uri` refuses connections: known in milliseconds,
+    without importing MLflow (seconds), so that the end of a short fit against a server that is not there is quick.
+    Anything else (a proxy in the way, a name to look up, a slow answer) is left to MLflow's own attempt."""
+    parsed = urllib.parse.urlsplit(uri)
+    proxied = any(os.environ.get(name) for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy"))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or proxied:
+        return
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except ConnectionRefusedError:
+        raise
+    except (OSError, ValueError):
+        return
+
+
+class _Status:
+    """`sender.json`, rewritten on each change; a disk that refuses it loses only the news."""
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.spool_dir = spool_dir
+        self.values: dict[str, Any] = {"state": "starting", "reason": None, "warnings": [], "warning_count": 0}
+
+    def update(self, **values: Any) -> None:
+        if all(self.values.get(key) == value for key, value in values.items()):
+            return
+        self.values.update(values)
+        with contextlib.suppress(OSError):
+            write_run_info(self.spool_dir, self.values, STATUS_FILE)
 
 
 class _Warnings(logging.Handler):
-    """Collects the sender's warnings, which go back with the reply and are logged by the training process."""
+    """The sender's own warnings (a refused param, a description cut), for the training process to log."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: _Status) -> None:
         super().__init__(logging.WARNING)
-        self.messages: list[str] = []
+        self.status = status
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(redact_text(record.getMessage().removeprefix(PREFIX)))
-
-    def take(self) -> list[str]:
-        messages, self.messages = self.messages, []
-        return messages
+        said = [*self.status.values["warnings"], redact_text(record.getMessage().removeprefix(PREFIX))]
+        self.status.update(warnings=said[-WARNINGS_KEPT:], warning_count=self.status.values["warning_count"] + 1)
 
 
-def serve(replies_fd: int) -> None:
-    """The child's loop: a setup line, then one request per stdin line and one JSON reply per line on
-    `replies_fd`, until stdin closes. MLflow is imported by the first request that needs it."""
+class _Stdin:
+    """Reads the training process's lines: batches the disk refused, the close; end of file when it is gone."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.memory = Batch()
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        self.gone = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.stream:
+            message = json.loads(line)
+            if "batch" in message:
+                with self.lock:
+                    self.memory.merge(Batch.from_dict(message["batch"]))
+            if message.get("close"):
+                self.closed.set()
+        self.gone.set()
+        self.closed.set()
+
+    def send_memory(self, target: MlflowTarget) -> None:
+        """Send the batches the disk refused (newer than the spool files: after them)."""
+        with self.lock:
+            batch, self.memory = self.memory, Batch()
+        try:
+            if not batch.empty():
+                target.send(batch)
+        finally:
+            with self.lock:
+                batch.merge(self.memory)
+                self.memory = batch
+
+
+def serve(spool_dir: Path) -> None:
+    """The child's loop: send the spool every `flush_interval_s` (every `retry_interval_s` while MLflow does not
+    take it) until the training process closes the spool or is gone, then once more, and end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training's Ctrl-C (on Python 3.10 it shares our group)
-    line = sys.stdin.readline()
+    line = sys.stdin.buffer.readline()
     if not line:
         return
     setup = json.loads(line)
-    warnings = _Warnings()
+    stdin = _Stdin(sys.stdin.buffer)
+    status = _Status(spool_dir)
     package_log = logging.getLogger("anemoi_profiler")
-    package_log.addHandler(warnings)
+    package_log.addHandler(_Warnings(status))
     package_log.propagate = False
-    _serve_run(MlflowTarget(Path(setup["spool_dir"]), setup["tracking_uri"]), os.fdopen(replies_fd, "w"), warnings)
 
+    def end_by_the_deadline() -> None:
+        """Once the training process is gone (stdin closed; or reparented, should a forked data loader worker still
+        hold the pipe), no one else will stop us: a last pass, and the end within the close deadline."""
+        parent = os.getppid()
+        while not stdin.gone.wait(1.0) and os.getppid() == parent:
+            pass
+        stdin.closed.set()
+        time.sleep(setup["close_timeout_s"])
+        os._exit(1)
 
-def _serve_run(target: MlflowTarget, replies: IO[str], warnings: _Warnings) -> None:
-    """Answer one run's requests until stdin closes."""
-    for line in sys.stdin:
-        request = json.loads(line)
-        reply: dict[str, Any] = {"ok": True}
-        batch = Batch.from_dict(request["batch"]) if request["op"] == "send" else None
-        try:
-            if target.info_unsaved:
-                target.save_info()
-            if request["op"] == "ensure_run":
+    threading.Thread(target=end_by_the_deadline, daemon=True).start()
+    target = MlflowTarget(spool_dir, setup["tracking_uri"])
+    next_try = 0.0
+    while True:
+        closing = stdin.closed.is_set()  # before the files are listed: those written before the close are seen
+        if closing or time.monotonic() >= next_try:
+            try:
+                if status.values["state"] != "up":
+                    probe(target.tracking_uri)
+                if target.info_unsaved:
+                    target.save_info()
                 target.ensure_run()
-            elif request["op"] == "replay":
-                replay_spool(target.spool_dir, target)
-            elif batch is not None:
-                target.send(batch)
-            if request["op"] in ("replay", "send"):
+                status.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"))
+                replay_spool(spool_dir, target)
+                stdin.send_memory(target)
                 target.relay_request()  # a window request in the run's tags, to the run folder
-        except Exception as error:
-            first_line = (str(error).splitlines() or [""])[0]
-            reply = {"ok": False, "error": redact_text(f"{type(error).__name__}: {first_line}")}
-        if batch is not None:
-            reply["batch"] = batch.to_dict()
-        reply.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"), warnings=warnings.take())
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
+                status.update(state="up", reason=None, experiment_id=target.info.get("experiment_id"))
+                next_try = time.monotonic() + setup["flush_interval_s"]
+            except Exception as error:
+                status.update(state="away", reason=describe(error))
+                next_try = time.monotonic() + setup["retry_interval_s"]
+            if closing:
+                break
+        stdin.closed.wait(max(0.0, next_try - time.monotonic()))
+    _keep_memory(spool_dir, stdin, status)
+
+
+def _keep_memory(spool_dir: Path, stdin: _Stdin, status: _Status) -> None:
+    """What the disk refused and MLflow did not take: into the spool if the disk takes it now, else lost."""
+    if stdin.memory.empty():
+        return
+    try:
+        write_batch(stdin.memory, spool_dir / f"batch-{time.time_ns():020d}-memory.json")
+    except OSError:
+        status.update(lost_metrics=len(stdin.memory.metrics))
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # not unloading MLflow (most of a second): the training process may be waiting for this exit

@@ -1,20 +1,26 @@
 """The tracking sink: the training thread's only door to MLflow.
 
-The training thread only puts records on a queue. A background thread writes each batch of records to the
-spool folder first (write-ahead); a child process (`sender`), which that thread starts on its first request,
-sends the spool and deletes the files, so that MLflow's Python never competes with the training loop for the
-interpreter lock. Every wait of the training thread on them is bounded (`flush`, `close`). A
-slow or dead server never blocks training, and nothing is lost: what could not be sent stays in
-`<run folder>/spool/` and is sent when the server answers again, at the end of the run, or by
-`anemoi-profiler sync <run folder>`. `close` can also return at once and leave the last sends to a closing
-thread, which the process's exit waits for (it is no daemon) and `wait_for_mlflow` before that.
+The training thread only puts records on a queue. A background thread writes them, a batch per flush interval, to
+the spool folder (write-ahead); a child process (`sender`), started once with the sink, follows that folder,
+sends each batch and deletes it once MLflow has it, so that MLflow's Python never competes with the training loop
+for the interpreter lock. The sender says how it fares in `sender.json` in the spool, which the thread reads: the
+run id, and whether MLflow answers (a warning when it goes away or comes back).
+
+There is one deadline: `close` tells the sender that the spool is closed (the last batch ends the run with its
+status), and waits at most `tracking.close_timeout_s` for it to send what is left and end, then kills it. A server
+that refuses connections ends that wait at once: the sender's first failed attempt is its last at close. Nothing
+is lost: what could not be sent stays in `<run folder>/spool/` for `anemoi-profiler sync <run folder>`, and one
+warning says why and how to send it. `close` can also return at once and leave that wait to a closing thread,
+which the process's exit waits for (it is no daemon) and `wait_for_mlflow` before that.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +30,7 @@ from typing import Any
 from anemoi_profiler import names
 from anemoi_profiler.logs import get_logger
 from anemoi_profiler.redaction import redact_text, redact_uri
+from anemoi_profiler.tracking import sender
 from anemoi_profiler.tracking.records import (
     Artifact,
     Batch,
@@ -35,20 +42,30 @@ from anemoi_profiler.tracking.records import (
     Tags,
     Terminate,
 )
-from anemoi_profiler.tracking.sender import REPLY_TIMEOUT_S, SenderError, SenderProcess
-from anemoi_profiler.tracking.spool import pending_batches, remove_if_empty, write_batch, write_run_info
+from anemoi_profiler.tracking.spool import (
+    LOG_FILE,
+    pending_batches,
+    read_batch,
+    read_status,
+    remove_if_empty,
+    write_batch,
+    write_run_info,
+)
 
 log = get_logger(__name__)
 
 MAX_RECORDS_IN_MEMORY = 20000
+"""Queued records at which the thread writes at once; also the most a disk that refuses the spool keeps in memory."""
 WAKE_AT_QUEUED = 1000
-"""Queued records at which the thread sends at once instead of at the next flush interval."""
+"""Queued records at which the thread writes at once instead of at the next flush interval."""
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value."""
+STARTING_POLL_S = 0.1
+"""How often the thread looks at `sender.json` until the sender is up (its start-up overlaps the first steps)."""
 Queued = Record | FlushRequest
 
 _closing: set[TrackingSink] = set()
-"""Closed sinks whose delivery, or whose sender's end, no one has waited for yet (`wait_closed`)."""
+"""Closed sinks whose delivery no one has waited for yet (`wait_closed`)."""
 _closing_lock = threading.Lock()
 
 
@@ -67,11 +84,11 @@ def wait_for_mlflow(timeout_s: float = 60.0) -> bool:
     return _wait_for_deliveries(timeout_s)
 
 
-def _wait_for_deliveries(timeout_s: float, but: TrackingSink | None = None) -> bool:
-    deadline = time.monotonic() + timeout_s
+def _wait_for_deliveries(timeout_s: float | None, but: TrackingSink | None = None) -> bool:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with _closing_lock:
         sinks = [sink for sink in _closing if sink is not but]
-    results = [sink.wait_closed(max(0.0, deadline - time.monotonic())) for sink in sinks]
+    results = [sink.wait_closed(None if deadline is None else max(0.0, deadline - time.monotonic())) for sink in sinks]
     return all(result is True for result in results)
 
 
@@ -94,14 +111,17 @@ class TrackingSink:
         key_prefix: str = "",
         flush_interval_s: float = 5.0,
         retry_interval_s: float = 30.0,
+        close_timeout_s: float = 30.0,
         relay_requests: bool = False,
     ) -> None:
-        """`relay_requests`: the sender copies a window request from the run's tags to the run folder."""
+        """`relay_requests`: the sender copies a window request from the run's tags to the run folder.
+        `close_timeout_s`: also how long the sender goes on if the training process ends without `close`."""
         self.spool_dir = spool_dir
         self.owns_run = run_id is None
         self.key_prefix = key_prefix
         self.flush_interval_s = flush_interval_s
         self.retry_interval_s = retry_interval_s
+        self.close_timeout_s = close_timeout_s
         spool_dir.mkdir(parents=True, exist_ok=True)
         write_run_info(
             spool_dir,
@@ -114,23 +134,30 @@ class TrackingSink:
             },
         )
         self.tracking_uri = tracking_uri
-        self._target = SenderProcess(spool_dir, tracking_uri)
+        self._run_id = run_id
+        self._experiment_id: str | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._process_lock = threading.Lock()
+        self._given_up = False  # the closing thread is done with the sender: start none
+        self._status: dict[str, Any] = {}
+        self._warnings_seen = 0
         self._queue: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flush_requested = threading.Event()
         self._seq = itertools.count()
         self._offline_since: float | None = None
-        self._last_attempt = 0.0
+        self._away_said = False
+        self._last_write = 0.0
         self._said: set[object] = set()
         self._closer: threading.Thread | None = None
         self._delivered = threading.Event()
         self._all_sent = False
-        self._unspooled = Batch()  # records the spool could not take (disk full): sent from memory
+        self._unspooled = Batch()  # records the spool could not take (disk full): handed to the sender's stdin
         self._spool_error: str | None = None
         self._dropped_metrics = 0
         self.started_up_at: float | None = None
-        """`perf_counter` when the sender first answered (the run created, or MLflow found away): the end of
+        """`perf_counter` when the sender first reported (the run created, or MLflow found away): the end of
         the start-up work that runs beside the training's first steps."""
         self._thread = threading.Thread(target=self._loop, name="anemoi-profiler-tracking", daemon=True)
         self._thread.start()
@@ -141,7 +168,8 @@ class TrackingSink:
         timestamp_ms = timestamp_ms or int(time.time() * 1000)
         for key, value in metrics.items():
             self._queue.put(Metric(self._prefixed(key), value, timestamp_ms, step))
-        self._wake_if_large()
+        if self._queue.qsize() >= WAKE_AT_QUEUED:
+            self._wake.set()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._queue.put(Params({k: str(v)[:MAX_PARAM_CHARS] for k, v in params.items()}))
@@ -159,31 +187,46 @@ class TrackingSink:
 
     @property
     def run_id(self) -> str | None:
-        return self._target.run_id
+        return self._run_id or read_status(self.spool_dir).get("run_id")
 
     @property
     def experiment_id(self) -> str | None:
         """Known once the sender created or read the run; for the run's link in the MLflow UI."""
-        return self._target.experiment_id
+        return self._experiment_id or read_status(self.spool_dir).get("experiment_id")
 
     def spool_now(self) -> None:
-        """Write what is queued to the spool from the calling thread, even while the sink's thread waits on a slow
-        server, so that a SIGKILL cannot lose it; a disk that refuses hands the records back to that thread."""
-        refused = self._spool_queued()
-        if refused is not None:
-            self._queue.put(refused)
+        """Write what is queued to the spool from the calling thread, even while the sink's thread is busy, so
+        that a SIGKILL cannot lose it; a disk that refuses hands the records back to that thread."""
+        batch, flushes = self._drain()
+        try:
+            self._write(batch)
+        except OSError as error:
+            self._spool_error = self._spool_error or f"{type(error).__name__}: {error}"
+            self._queue.put(batch)
+        finally:
+            for done in flushes:
+                done.set()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything queued so far was sent or spooled. True when nothing is left to send."""
+        """Wait until everything queued so far was spooled and the sender has sent the spool (or found MLflow
+        away). True when nothing is left to send."""
+        deadline = time.monotonic() + timeout_s
         done = threading.Event()
         self._queue.put(FlushRequest(done))
         self._flush_requested.set()
         self._wake.set()
-        return done.wait(timeout_s) and not pending_batches(self.spool_dir)
+        if not done.wait(timeout_s):
+            return False
+        while time.monotonic() < deadline and self._sender_running():
+            state = read_status(self.spool_dir).get("state")
+            if state == "away" or (state == "up" and not pending_batches(self.spool_dir)):
+                break
+            time.sleep(0.05)
+        return not pending_batches(self.spool_dir)
 
     @property
     def sender_up(self) -> bool:
-        """True once the sender has answered (MLflow imported, the run created or the server found away)."""
+        """True once the sender has reported (MLflow imported, the run created or the server found away)."""
         return self.started_up_at is not None
 
     def close(
@@ -218,47 +261,56 @@ class TrackingSink:
         self._delivered.wait()
         return self._all_sent
 
-    def wait_closed(self, timeout_s: float) -> bool | None:
+    def wait_closed(self, timeout_s: float | None) -> bool | None:
         """After `close`: wait until the delivery is done and the sender has ended. True when nothing is left in
         the spool, False when something is, None while the delivery goes on past `timeout_s`."""
         if self._closer is None:
             return None
-        deadline = time.monotonic() + timeout_s
         self._closer.join(timeout_s)
         if self._closer.is_alive():
             return None
-        if self._target.wait_ended(max(0.0, deadline - time.monotonic())):
-            with _closing_lock:
-                _closing.discard(self)
+        with _closing_lock:
+            _closing.discard(self)
         return self._all_sent
 
     def _finish_closing(self, timeout_s: float, when_delivered: Callable[[], None] | None) -> None:
-        """The closing thread: wait for the sink's thread (at most `timeout_s`), say what is left, end the sender."""
+        """The closing thread: the one deadline. Wait for the sink's thread to write the last batch and close the
+        spool, then for the sender to send what is left and end; kill it at the deadline; say what is left."""
+        deadline = time.monotonic() + timeout_s
+        killed = False
         try:
             self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                # The server is too slow: kill the sender, which ends the thread's wait, and spool what came since.
-                self._target.stop(grace_s=0.0)
-                self._thread.join(5.0)
-                refused = self._spool_queued()
-                self._dropped_metrics += len(refused.metrics) if refused is not None else 0
-            else:
-                self._dropped_metrics += len(self._unspooled.metrics)
-            self._all_sent = self._say_what_is_left()
+            with self._process_lock:
+                self._given_up = True
+                process = self._process
+            if process is not None:
+                try:
+                    process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                    killed = True
+                with contextlib.suppress(OSError):
+                    if process.stdin is not None:
+                        process.stdin.close()
+            if self._thread.is_alive():  # a thread still waiting on something: spool what came since
+                self.spool_now()
+            self._read_status()
+            self._all_sent = self._say_what_is_left(timeout_s if killed else None)
             self._delivered.set()
             if when_delivered is not None:
                 when_delivered()
         finally:
             self._delivered.set()
-            # Last, and not waited for: the sender's own exit holds up neither `close` nor the process's exit.
-            self._target.stop(wait=False)
 
-    def _say_what_is_left(self) -> bool:
-        """Warn of metrics lost and of batches left in the spool; True when nothing is left to send."""
-        if self._dropped_metrics:
+    def _say_what_is_left(self, killed_after_s: float | None) -> bool:
+        """One warning: metrics lost, or why batches were left in the spool and how to send them. True when
+        nothing is left to send."""
+        lost = self._dropped_metrics + len(self._unspooled.metrics) + int(self._status.get("lost_metrics") or 0)
+        if lost:
             log.warning(
                 "%d metric point(s) could neither be sent to MLflow nor written to %s (%s); they are lost",
-                self._dropped_metrics,
+                lost,
                 self.spool_dir,
                 self._spool_error,
             )
@@ -266,11 +318,19 @@ class TrackingSink:
         if not left:
             remove_if_empty(self.spool_dir)  # the spool exists only while records wait for MLflow
             return True
+        if killed_after_s is not None:
+            why = f"not done within tracking.close_timeout_s ({killed_after_s:g} s)"
+        elif self._status.get("state") == "away":
+            why = str(self._status.get("reason"))
+        elif self._process is None or self._status.get("state") is None:
+            why = f"the sender did not start (see {self.spool_dir / LOG_FILE})"
+        else:
+            why = f"the sender ended early (see {self.spool_dir / LOG_FILE})"
         log.warning(
-            "%d batch(es) of metrics/artifacts could not be sent to MLflow at %s; "
-            "they are kept in %s. Send them with: anemoi-profiler sync %s",
-            len(left),
+            "MLflow at %s: %s; %d metric point(s) kept in %s; send them with: anemoi-profiler sync %s",
             redact_uri(self.tracking_uri),
+            why,
+            _count_metrics(left),
             self.spool_dir,
             self.spool_dir.parents[1],
         )
@@ -283,23 +343,125 @@ class TrackingSink:
             return key
         return f"{self.key_prefix}-{key}"
 
-    def _wake_if_large(self) -> None:
-        if self._queue.qsize() >= WAKE_AT_QUEUED:
-            self._wake.set()
-
     def _loop(self) -> None:
         # One delivery at a time: first what an earlier fit of this process left to the background (two senders
-        # opening a new sqlite store at once both run MLflow's migrations, and one fails).
-        _wait_for_deliveries(REPLY_TIMEOUT_S, but=self)
-        self._attempt(create_run_only=True)
-        self.started_up_at = time.perf_counter()
+        # opening a new sqlite store at once both run MLflow's migrations, and one fails). Each is bounded by its
+        # own close deadline.
+        _wait_for_deliveries(None, but=self)
+        self._start_sender()
         while True:
-            self._wake.wait(self.flush_interval_s)
-            self._wake.clear()
             stopping = self._stopping.is_set()
-            self._attempt(force=stopping)
-            if stopping:
+            try:
+                self._read_status()
+                self._write_if_due(force=stopping)
+                if stopping:
+                    if self._process is not None:
+                        sender.tell(self._process, {"close": True})
+                    return
+            except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
+                log.warning("tracking thread error (%s); will retry", redact_text(str(error)))
+                if stopping:
+                    return
+            self._wake.wait(STARTING_POLL_S if self.started_up_at is None else self.flush_interval_s)
+            self._wake.clear()
+
+    def _start_sender(self) -> None:
+        setup = {
+            "tracking_uri": self.tracking_uri,  # may hold credentials: through the pipe, never a command line
+            "flush_interval_s": self.flush_interval_s,
+            "retry_interval_s": self.retry_interval_s,
+            "close_timeout_s": self.close_timeout_s,
+        }
+        with self._process_lock:
+            if self._given_up:
                 return
+            try:
+                self._process = sender.start(self.spool_dir, setup)
+            except OSError as error:
+                log.warning("cannot start the MLflow sender (%s); metrics are kept in %s", error, self.spool_dir)
+
+    def _sender_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _read_status(self) -> None:
+        """What the sender wrote of itself: the run, its warnings, MLflow going away or coming back."""
+        status = read_status(self.spool_dir)
+        self._status = status or self._status
+        self._run_id = self._run_id or status.get("run_id")
+        self._experiment_id = self._experiment_id or status.get("experiment_id")
+        new = int(status.get("warning_count") or 0) - self._warnings_seen
+        if new > 0:
+            for message in (status.get("warnings") or [])[-new:]:
+                log.warning("%s", message)
+            self._warnings_seen += new
+        reported = status.get("state") in ("up", "away") or (self._process is not None and not self._sender_running())
+        if self.started_up_at is None and (reported or self._process is None):
+            self.started_up_at = time.perf_counter()
+        if self._stopping.is_set():
+            return  # the end says what is left, once
+        state, now = status.get("state"), time.monotonic()
+        if state == "away" and self._offline_since is None:
+            self._offline_since = now
+        away_s = now - (self._offline_since or now)
+        if state == "away" and not self._away_said and away_s >= self.retry_interval_s:
+            # Said while the fit goes on only after a retry failed too: a short fit hears the cause once, at its end.
+            self._away_said = True
+            log.warning(
+                "MLflow at %s: %s. Training goes on; metrics are kept in %s and sent when it answers "
+                "(retry every %g s)",
+                redact_uri(self.tracking_uri),
+                status.get("reason"),
+                self.spool_dir,
+                self.retry_interval_s,
+            )
+        elif state == "up" and self._offline_since is not None:
+            if self._away_said:
+                log.warning(
+                    "MLflow at %s answers again after %.0f s; spooled metrics were sent",
+                    redact_uri(self.tracking_uri),
+                    away_s,
+                )
+            self._offline_since, self._away_said = None, False
+
+    def _write_if_due(self, force: bool) -> None:
+        """Write what is queued to the spool every flush interval; while MLflow is away, every retry interval (or
+        when many records wait, or someone asks for a flush), so an outage does not make thousands of files."""
+        interval = self.retry_interval_s if self._offline_since is not None else self.flush_interval_s
+        due = time.monotonic() - self._last_write >= interval or self._flush_requested.is_set()
+        if not (force or due or self._queue.qsize() >= MAX_RECORDS_IN_MEMORY):
+            return
+        self._flush_requested.clear()
+        self._last_write = time.monotonic()
+        batch, flushes = self._drain()
+        self._unspooled.merge(batch)
+        if not self._unspooled.empty():
+            try:
+                self._write(self._unspooled)
+                self._unspooled = Batch()
+            except OSError as error:
+                self._refused(error)
+        for done in flushes:
+            done.set()
+
+    def _refused(self, error: OSError) -> None:
+        """The disk refuses the spool (full, read-only): hand the records to the sender through its stdin; only
+        if it is gone too are the oldest dropped beyond MAX_RECORDS_IN_MEMORY, so memory stays bounded."""
+        self._spool_error = f"{type(error).__name__}: {error}"
+        log.warning_once(
+            self._said,
+            "spool",
+            "cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
+            "and are lost only if MLflow is away too",
+            self.spool_dir,
+            self._spool_error,
+        )
+        if self._process is not None and sender.tell(self._process, {"batch": self._unspooled.to_dict()}):
+            self._unspooled = Batch()
+            return
+        excess = len(self._unspooled.metrics) - MAX_RECORDS_IN_MEMORY
+        if excess > 0:
+            del self._unspooled.metrics[:excess]
+            self._dropped_metrics += excess
 
     def _drain(self) -> tuple[Batch, list[threading.Event]]:
         batch, flushes = Batch(), list[threading.Event]()
@@ -313,121 +475,22 @@ class TrackingSink:
             else:
                 batch.add(item)
 
-    def _write_batch(self, drained: tuple[Batch, list[threading.Event]]) -> None:
-        batch, flushes = drained
+    def _write(self, batch: Batch) -> None:
         if not batch.empty():
             write_batch(batch, self.spool_dir / f"batch-{time.time_ns():020d}-{next(self._seq):06d}.json")
-        for done in flushes:
-            done.set()
-
-    def _attempt(self, create_run_only: bool = False, force: bool = False) -> None:
-        """Write what is queued to the spool, then send the spool, unless the server is known to be away.
-
-        While it is away, records wait in memory until the next retry (or until there are many of them, or
-        someone asks for a flush), so an outage does not turn into thousands of small spool files.
-        """
-        try:
-            retry_due = time.monotonic() - self._last_attempt >= self.retry_interval_s
-            send_now = self._offline_since is None or retry_due or force
-            if not (send_now or self._flush_requested.is_set() or self._queue.qsize() >= MAX_RECORDS_IN_MEMORY):
-                return
-            self._flush_requested.clear()
-            batch, flushes = self._drain()
-            self._spool(batch)
-            if send_now:
-                self._last_attempt = time.monotonic()
-                try:
-                    if create_run_only:
-                        self._target.ensure_run()
-                    else:
-                        self._target.replay()
-                        if not self._unspooled.empty():
-                            self._target.send(self._unspooled)  # newer than the spool files: after them
-                    self._mark_online()
-                except Exception as error:
-                    self._mark_offline(error)
-            for done in flushes:
-                done.set()
-        except Exception as error:  # the sink must never die: a dead thread would silently drop metrics
-            log.warning("tracking thread error (%s); will retry", redact_text(str(error)))
-
-    def _spool_queued(self) -> Batch | None:
-        """From the calling thread: write what is queued to the spool; the batch the disk refused, or None."""
-        batch, flushes = self._drain()
-        try:
-            self._write_batch((batch, []))
-        except OSError as error:
-            self._spool_error = self._spool_error or f"{type(error).__name__}: {error}"
-            return batch
-        finally:
-            for done in flushes:
-                done.set()
-        return None
-
-    def _spool(self, batch: Batch) -> None:
-        """Write-ahead: put `batch` (and what an earlier failed write left) into a spool file.
-
-        When the disk refuses (full, read-only), the records stay in memory and are sent from there; only
-        if MLflow is away too are the oldest dropped beyond MAX_RECORDS_IN_MEMORY, so memory stays bounded.
-        """
-        self._unspooled.merge(batch)
-        if self._unspooled.empty():
-            return
-        try:
-            self._write_batch((self._unspooled, []))
-        except OSError as error:
-            self._spool_error = f"{type(error).__name__}: {error}"
-            log.warning_once(
-                self._said,
-                "spool",
-                "cannot write the spool in %s (%s); metrics are sent to MLflow from memory "
-                "and are lost only if MLflow is away too",
-                self.spool_dir,
-                self._spool_error,
-            )
-            excess = len(self._unspooled.metrics) - MAX_RECORDS_IN_MEMORY
-            if excess > 0:
-                del self._unspooled.metrics[:excess]
-                self._dropped_metrics += excess
-            return
-        self._unspooled = Batch()
-
-    def _mark_online(self) -> None:
-        if self._offline_since is not None:
-            log.warning(
-                "MLflow at %s answers again after %.0f s; spooled metrics were sent",
-                redact_uri(self.tracking_uri),
-                time.monotonic() - self._offline_since,
-            )
-        self._offline_since = None
-
-    def _mark_offline(self, error: BaseException) -> None:
-        if self._offline_since is None:
-            self._offline_since = time.monotonic()
-        log.warning_once(
-            self._said,
-            "offline",
-            "MLflow at %s is not reachable or answers with errors (%s: %s). Training goes on; "
-            "metrics are kept in %s and sent when it answers (retry every %g s) or with: anemoi-profiler sync %s",
-            redact_uri(self.tracking_uri),
-            *_kind_and_reason(error),
-            self.spool_dir,
-            self.retry_interval_s,
-            self.spool_dir.parents[1],
-        )
 
     def _flush_at_exit(self) -> None:
+        """The process ends without `close`: spool what is queued and close the spool. The sender sends it and
+        ends by itself, within its deadline, once the process is gone."""
         if self._closer is None:
             self._stopping.set()
             self._wake.set()
-            self._thread.join(10.0)
-            self._target.stop()
+            self._thread.join(5.0)
 
 
-def _kind_and_reason(error: BaseException) -> tuple[str, str]:
-    """The error's type and first line, redacted; for the sender's errors, the type it reported."""
-    text = redact_text(str(error).splitlines()[0])[:200] if str(error) else ""
-    kind, separator, reason = text.partition(": ")
-    if isinstance(error, SenderError) and separator:
-        return kind, reason
-    return type(error).__name__, text
+def _count_metrics(files: list[Path]) -> int:
+    count = 0
+    for path in files:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            count += len(read_batch(path).metrics)
+    return count

@@ -3,6 +3,10 @@
 `run.json` names the run the records belong to; each `batch-<time>-<seq>.json` holds one `Batch`. Files
 appear under their final name only when complete, so a reader never sees half a batch. The format is read
 back by `anemoi-profiler sync`, possibly by a later version: keep it stable.
+
+The spool is also how the sender process and the training process speak: the training process writes batches,
+the sender sends and deletes them and writes `sender.json` (the run id, whether MLflow answers, its warnings);
+MLflow's own output goes to `sender.log`. Both are dropped with the spool once nothing is left to send.
 """
 
 from __future__ import annotations
@@ -20,8 +24,15 @@ from anemoi_profiler.tracking.records import Batch
 log = get_logger(__name__)
 
 
+STATUS_FILE = "sender.json"
+"""Written by the sender process: state (starting, up, away), reason, run_id, experiment_id, warnings,
+warning_count, lost_metrics."""
+LOG_FILE = "sender.log"
+"""The sender process's stdout and stderr: MLflow's own prints never reach the user's terminal."""
+
+
 class Target(Protocol):
-    """Where a spool is sent: `MlflowTarget`, or the sink's `SenderProcess` in front of one."""
+    """Where a spool is sent: `MlflowTarget`."""
 
     def send(self, batch: Batch) -> None: ...
 
@@ -30,10 +41,18 @@ def read_run_info(spool_dir: Path) -> dict[str, Any]:
     return json.loads((spool_dir / RUN_INFO_FILE).read_text())
 
 
-def write_run_info(spool_dir: Path, info: Mapping[str, Any]) -> None:
-    tmp = spool_dir / (RUN_INFO_FILE + ".tmp")
+def write_run_info(spool_dir: Path, info: Mapping[str, Any], name: str = RUN_INFO_FILE) -> None:
+    tmp = spool_dir / (name + ".tmp")
     tmp.write_text(json.dumps(dict(info), indent=2))
-    tmp.replace(spool_dir / RUN_INFO_FILE)
+    tmp.replace(spool_dir / name)
+
+
+def read_status(spool_dir: Path) -> dict[str, Any]:
+    """What the sender process last wrote of itself; {} before it wrote anything (or if the disk lost it)."""
+    try:
+        return dict(json.loads((spool_dir / STATUS_FILE).read_text()))
+    except (OSError, ValueError):
+        return {}
 
 
 def read_batch(path: Path) -> Batch:
@@ -92,10 +111,13 @@ def replay_spool(spool_dir: Path, target: Target) -> tuple[int, int]:
 
 
 def remove_if_empty(spool_dir: Path) -> None:
-    """Drop a spool left with nothing to send (its run file alone), and `spool/` once no rank's is left."""
-    if not spool_dir.is_dir() or any(path.name != RUN_INFO_FILE for path in spool_dir.iterdir()):
+    """Drop a spool left with nothing to send (its run file and the sender's alone), and `spool/` once no rank's
+    is left."""
+    own = (RUN_INFO_FILE, STATUS_FILE, STATUS_FILE + ".tmp", LOG_FILE)
+    if not spool_dir.is_dir() or any(path.name not in own for path in spool_dir.iterdir()):
         return
     with contextlib.suppress(OSError):  # a read-only spool stays; nothing in it needs sending
-        (spool_dir / RUN_INFO_FILE).unlink(missing_ok=True)
+        for name in own:
+            (spool_dir / name).unlink(missing_ok=True)
         spool_dir.rmdir()
         spool_dir.parent.rmdir()  # refused while another rank's spool is still there
