@@ -28,7 +28,7 @@ _EXPORTS = {
     "ThroughputCallback": "callbacks",
     "TorchProfilerCallback": "callbacks",
     "profile_component": "component",
-    "wait_for_mlflow": "tracking.sink",
+    "wait_for_mlflow": "tracking.deliveries",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -2,7 +2,7 @@
 
 Importing this package imports neither HTA nor torch: HTA is an optional dependency (`anemoi-profiler[hta]`)
 and runs in a child process (`hta_worker`). `preflight` checks the files first, `hta_runner` runs the
-analyses the traces support within a time limit and writes `summary.json`.
+analyses the traces support within a time limit and writes `summary.json`, `summary_text` says it on the console.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from anemoi_profiler.analysis.hta_runner import (
     HtaNotInstalledError,
     analyze,
     analyze_window,
-    format_summary,
     plan_analyses,
 )
 from anemoi_profiler.analysis.preflight import (
@@ -21,6 +20,7 @@ from anemoi_profiler.analysis.preflight import (
     check_window,
     find_window_dirs,
 )
+from anemoi_profiler.analysis.summary_text import format_summary
 
 __all__ = [
     "HtaNotInstalledError",

@@ -20,11 +20,11 @@ from anemoi_profiler.analysis.hta_runner import (
     DEFAULT_TIME_LIMIT_S,
     HtaNotInstalledError,
     analyze,
-    format_summary,
     require_hta,
     write_summary,
 )
 from anemoi_profiler.analysis.preflight import NoTracesError, TraceError, parse_ranks
+from anemoi_profiler.analysis.summary_text import format_summary
 from anemoi_profiler.config import ConfigError
 from anemoi_profiler.run_files.layout import ARTIFACT_ROOT, HTA_DIR, TRACES_DIR
 from anemoi_profiler.tracking.run_download import RunDownloadError, resolve_run

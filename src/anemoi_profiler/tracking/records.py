@@ -8,6 +8,7 @@ JSON form.
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -107,3 +108,17 @@ class Batch:
 
 Record = Metric | Params | Tags | Description | Artifact | Terminate | Batch
 """What `Batch.add` takes: one call's record, or a whole batch handed back."""
+
+
+def drain(records: queue.SimpleQueue[Record | FlushRequest]) -> tuple[Batch, list[threading.Event]]:
+    """Everything queued so far as one batch, and the flush requests among it to answer once it is spooled."""
+    batch, flushes = Batch(), list[threading.Event]()
+    while True:
+        try:
+            item = records.get_nowait()
+        except queue.Empty:
+            return batch, flushes
+        if isinstance(item, FlushRequest):
+            flushes.append(item.done)
+        else:
+            batch.add(item)

@@ -1,7 +1,7 @@
 """The child process that sends the spool to MLflow, so that MLflow's Python never runs in the training process.
 
-MLflow's client is pure Python: importing it takes 1.5 s of CPU or more, and sending one batch of a log
-interval's metrics to a sqlite store about 10 ms (SQLAlchemy). In a thread of the training process, MLflow's own
+MLflow's client is pure Python: importing it takes seconds of CPU, and every send to a sqlite store runs
+SQLAlchemy in Python. In a thread of the training process, MLflow's own
 asynchronous logging included, all of it would hold the interpreter lock that the training loop needs between
 its operators; a call stuck on a server that does not answer could not be stopped either. In a child process it
 costs the training nothing and can be killed.

@@ -1,17 +1,12 @@
 """The tracking sink: the training thread's only door to MLflow.
 
 The training thread only puts records on a queue. A background thread writes them, a batch per flush interval, to
-the spool folder (write-ahead); a child process (`sender`), started once with the sink, follows that folder,
-sends each batch and deletes it once MLflow has it, so that MLflow's Python never competes with the training loop
-for the interpreter lock. The sender says how it fares in `sender.json` in the spool, which the thread reads: the
-run id, and whether MLflow answers (a warning when it goes away or comes back).
-
-There is one deadline: `close` tells the sender that the spool is closed (the last batch ends the run with its
-status), and waits at most `tracking.close_timeout_s` for it to send what is left and end, then kills it. A server
-that refuses connections ends that wait at once: the sender's first failed attempt is its last at close. Nothing
-is lost: what could not be sent stays in `<run folder>/spool/` for `anemoi-profiler sync <run folder>`, and one
-warning says why and how to send it. `close` can also return at once and leave that wait to a closing thread,
-which the process's exit waits for (it is no daemon) and `wait_for_mlflow` before that.
+the spool folder (write-ahead); a child process (`sender`) follows that folder and sends each batch, so that
+MLflow's Python never competes with the training loop for the interpreter lock. The sender reports in
+`sender.json` (the run id; MLflow away or back). There is one deadline: `close` marks the spool closed and waits at
+most `tracking.close_timeout_s` for the sender to send the rest and end (a refused connection ends it at once),
+then kills it. Nothing is lost: what was not sent stays in `<run folder>/spool/` for `anemoi-profiler sync`, and
+one warning says why. `close(wait=False)` leaves that wait to a closing thread (`deliveries`).
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from typing import Any
 from anemoi_profiler import names
 from anemoi_profiler.logs import get_logger
 from anemoi_profiler.redaction import redact_text, redact_uri
-from anemoi_profiler.tracking import sender
+from anemoi_profiler.tracking import deliveries, sender
 from anemoi_profiler.tracking.records import (
     Artifact,
     Batch,
@@ -41,11 +36,12 @@ from anemoi_profiler.tracking.records import (
     Record,
     Tags,
     Terminate,
+    drain,
 )
 from anemoi_profiler.tracking.spool import (
     LOG_FILE,
+    count_metrics,
     pending_batches,
-    read_batch,
     read_status,
     remove_if_empty,
     write_batch,
@@ -62,34 +58,6 @@ MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value."""
 STARTING_POLL_S = 0.1
 """How often the thread looks at `sender.json` until the sender is up (its start-up overlaps the first steps)."""
-Queued = Record | FlushRequest
-
-_closing: set[TrackingSink] = set()
-"""Closed sinks whose delivery no one has waited for yet (`wait_closed`)."""
-_closing_lock = threading.Lock()
-
-
-def wait_for_mlflow(timeout_s: float = 60.0) -> bool:
-    """Wait until every profiled run of this process that is still being sent has reached MLflow (at most
-    `timeout_s`). A fit that ends before its MLflow sender has started returns at once and leaves the delivery
-    to the background: call this before reading such a run back from MLflow. False when a delivery it waited
-    for is still going on at the timeout or left batches in its spool (a warning says where).
-
-    Args:
-        timeout_s: The most seconds to wait, for all runs together.
-
-    Returns:
-        True when everything waited for reached MLflow.
-    """
-    return _wait_for_deliveries(timeout_s)
-
-
-def _wait_for_deliveries(timeout_s: float | None, but: TrackingSink | None = None) -> bool:
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    with _closing_lock:
-        sinks = [sink for sink in _closing if sink is not but]
-    results = [sink.wait_closed(None if deadline is None else max(0.0, deadline - time.monotonic())) for sink in sinks]
-    return all(result is True for result in results)
 
 
 class TrackingSink:
@@ -141,7 +109,7 @@ class TrackingSink:
         self._given_up = False  # the closing thread is done with the sender: start none
         self._status: dict[str, Any] = {}
         self._warnings_seen = 0
-        self._queue: queue.SimpleQueue[Queued] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Record | FlushRequest] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flush_requested = threading.Event()
@@ -197,7 +165,7 @@ class TrackingSink:
     def spool_now(self) -> None:
         """Write what is queued to the spool from the calling thread, even while the sink's thread is busy, so
         that a SIGKILL cannot lose it; a disk that refuses hands the records back to that thread."""
-        batch, flushes = self._drain()
+        batch, flushes = drain(self._queue)
         try:
             self._write(batch)
         except OSError as error:
@@ -253,8 +221,7 @@ class TrackingSink:
             self._closer = threading.Thread(
                 target=self._finish_closing, args=(timeout_s, when_delivered), name="anemoi-profiler-tracking-close"
             )
-            with _closing_lock:
-                _closing.add(self)
+            deliveries.add(self)
             self._closer.start()
         if not wait:
             return None
@@ -269,8 +236,7 @@ class TrackingSink:
         self._closer.join(timeout_s)
         if self._closer.is_alive():
             return None
-        with _closing_lock:
-            _closing.discard(self)
+        deliveries.discard(self)
         return self._all_sent
 
     def _finish_closing(self, timeout_s: float, when_delivered: Callable[[], None] | None) -> None:
@@ -330,7 +296,7 @@ class TrackingSink:
             "MLflow at %s: %s; %d metric point(s) kept in %s; send them with: anemoi-profiler sync %s",
             redact_uri(self.tracking_uri),
             why,
-            _count_metrics(left),
+            count_metrics(left),
             self.spool_dir,
             self.spool_dir.parents[1],
         )
@@ -347,7 +313,7 @@ class TrackingSink:
         # One delivery at a time: first what an earlier fit of this process left to the background (two senders
         # opening a new sqlite store at once both run MLflow's migrations, and one fails). Each is bounded by its
         # own close deadline.
-        _wait_for_deliveries(None, but=self)
+        deliveries.wait(None, but=self)
         self._start_sender()
         while True:
             stopping = self._stopping.is_set()
@@ -432,7 +398,7 @@ class TrackingSink:
             return
         self._flush_requested.clear()
         self._last_write = time.monotonic()
-        batch, flushes = self._drain()
+        batch, flushes = drain(self._queue)
         self._unspooled.merge(batch)
         if not self._unspooled.empty():
             try:
@@ -463,18 +429,6 @@ class TrackingSink:
             del self._unspooled.metrics[:excess]
             self._dropped_metrics += excess
 
-    def _drain(self) -> tuple[Batch, list[threading.Event]]:
-        batch, flushes = Batch(), list[threading.Event]()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return batch, flushes
-            if isinstance(item, FlushRequest):
-                flushes.append(item.done)
-            else:
-                batch.add(item)
-
     def _write(self, batch: Batch) -> None:
         if not batch.empty():
             write_batch(batch, self.spool_dir / f"batch-{time.time_ns():020d}-{next(self._seq):06d}.json")
@@ -486,11 +440,3 @@ class TrackingSink:
             self._stopping.set()
             self._wake.set()
             self._thread.join(5.0)
-
-
-def _count_metrics(files: list[Path]) -> int:
-    count = 0
-    for path in files:
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            count += len(read_batch(path).metrics)
-    return count

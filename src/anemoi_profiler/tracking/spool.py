@@ -121,3 +121,12 @@ def remove_if_empty(spool_dir: Path) -> None:
             (spool_dir / name).unlink(missing_ok=True)
         spool_dir.rmdir()
         spool_dir.parent.rmdir()  # refused while another rank's spool is still there
+
+
+def count_metrics(files: list[Path]) -> int:
+    """The metric points in these batch files; an unreadable file counts none."""
+    count = 0
+    for path in files:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            count += len(read_batch(path).metrics)
+    return count
