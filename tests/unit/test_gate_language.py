@@ -64,7 +64,7 @@ def test_an_inconclusive_gate_leaves_slower_rows_unsettled() -> None:
     assert "REGRESSION" not in text
     step_line = next(line for line in text.splitlines() if line.startswith("training step "))
     assert step_line.rstrip().endswith(UNSETTLED)
-    assert "2 figure(s) worse than A by more than 5%, not settled (the gate above did not find them beyond" in text
+    assert "2 figure(s) worse than A by more than 5%, not settled (the gate above did not settle them)" in text
     page = render_html(comparison, "<p>INCONCLUSIVE</p>", gate_failed(verdict))
     assert "REGRESSION" not in page and f"<td>{UNSETTLED}</td>" in page
 

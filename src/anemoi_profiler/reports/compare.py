@@ -154,7 +154,7 @@ class Comparison:
         if unsettled:
             listed = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in unsettled)
             why = (
-                "the gate above did not find them beyond the runs' noise"
+                "the gate above did not settle them"
                 if ran
                 else "one value per run cannot tell them from the runs' noise; --fail-if-slower tests that"
             )
