@@ -1,4 +1,5 @@
-"""`compare A B` on two real run folders (B sleeps in its training step): the slower run is a regression."""
+"""`compare A B` on two real run folders (B sleeps in its training step): the slower run is worse, a regression
+only where the gate fails on it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from anemoi_profiler import ProfilerConfig, build_callbacks
 from anemoi_profiler.cli import compare_command
-from anemoi_profiler.reports.compare import Difference, compare_runs, format_text
+from anemoi_profiler.reports.compare import UNSETTLED, Difference, GateFailed, compare_runs, format_text
 from anemoi_profiler.reports.run_data import RunData, load_run
 from anemoi_profiler.run_files.layout import run_folders
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
@@ -51,7 +52,7 @@ def compare_args(*argv: str) -> Namespace:
     return parser.parse_args(argv)
 
 
-def test_the_slower_run_is_a_regression_and_the_faster_an_improvement(fast_and_slow: tuple[Path, Path]) -> None:
+def test_the_slower_run_is_worse_and_the_faster_an_improvement(fast_and_slow: tuple[Path, Path]) -> None:
     fast, slow = (load_run(path) for path in fast_and_slow)
     comparison = compare_runs(fast, slow)
     statuses = {d.label: d.status for d in comparison.metrics}
@@ -59,10 +60,14 @@ def test_the_slower_run_is_a_regression_and_the_faster_an_improvement(fast_and_s
     step = next(d for d in comparison.metrics if d.label == "training step")
     assert step.delta is not None and step.delta > 15  # the 20 ms sleep per step
     assert comparison.operators  # operators of the profiled steps, side by side
-    text = format_text(comparison)
+    text = format_text(comparison)  # no gate: worse, not a regression the runs' noise was tested against
     step_line = next(line for line in text.splitlines() if line.startswith("training step "))
+    assert step_line.rstrip().endswith(UNSETTLED) and "REGRESSION" not in text
+    assert "figure(s) worse than A by more than 5%, not settled (one value per run" in text and "step +" in text
+    gated = format_text(comparison, GateFailed(slower=True), True)  # as `--fail-if-slower` prints it on exit 1
+    step_line = next(line for line in gated.splitlines() if line.startswith("training step "))
     assert step_line.rstrip().endswith("REGRESSION")
-    assert "REGRESSION(S) (B worse than A by more than 5%): " in text and "training step +" in text
+    assert "REGRESSION(S) (B worse than A by more than 5%, as the gate found): " in gated
     reverse = {d.label: d.status for d in compare_runs(slow, fast).metrics}
     assert reverse["training step"] == "improvement" and reverse["training samples/s"] == "improvement"
 
@@ -78,7 +83,7 @@ def test_cli_prints_the_comparison_and_writes_a_self_contained_page(
     page = page_path.read_text()
     rows = RowClasses()
     rows.feed(page)
-    assert "regression" in rows.classes and "script" not in rows.tags
+    assert "worse" in rows.classes and "regression" not in rows.classes and "script" not in rows.tags
     plots = [base64.b64decode(src.split(",", 1)[1]) for src in rows.images]
     assert len(plots) == 2 and all(src.startswith("data:image/svg+xml;base64,") for src in rows.images)
     fast, slow = fast_and_slow

@@ -4,6 +4,7 @@ config are not called slower, a 1-rank run against a 2-rank run is not comparabl
 from __future__ import annotations
 
 import json
+import re
 import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import nn
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
 from anemoi_profiler.cli import compare_command
 from anemoi_profiler.reports.comparability import allowed, differences
+from anemoi_profiler.reports.gate import MAX_STEPS_ADVISED
 from anemoi_profiler.reports.regression_gate import GateInputError, run_gate, verdict_lines
 from anemoi_profiler.reports.run_data import RunData, load_run
 from anemoi_profiler.run_files.layout import ENVIRONMENT_FILE, STEPS_FILE, run_folders
@@ -113,6 +115,8 @@ def test_a_slowed_submodule_is_slower_and_first_in_the_module_diff(
     first_module = lines[why + 1].strip()
     assert first_module.startswith("GatedModel_0/SlowBlock_0: self +"), lines[why:]
     assert "aten::mul" in first_module
+    step_row = next(line for line in lines if line.startswith("training step "))
+    assert step_row.rstrip().endswith("REGRESSION")  # the gate exits 1: the table says so too
     assert "SLOWER: training step" in page.read_text()
     # The reverse: A is faster than B by far more than 5 %, never 'slower'
     assert compare_command.run(gate(b, a, "--fail-if-slower", "5%")) == 0
@@ -156,6 +160,14 @@ def test_two_runs_of_one_config_are_never_slower(tmp_path: Path, capsys: pytest.
     assert compare_command.run(gate(a, b, "--fail-if-slower", "5%")) in (0, 3)
     out = capsys.readouterr().out
     assert out.startswith(("NOT SLOWER", "INCONCLUSIVE")) and "A: 2 run(s)" in out, out
+    assert_one_language(out)
+
+
+def assert_one_language(out: str) -> None:
+    """Issue 53's property for runs of one script: no REGRESSION without exit 1, no advice past a million steps."""
+    assert "REGRESSION" not in out, out
+    counts = re.findall(r"about ([\d,]+) more steady steps", out)
+    assert all(int(count.replace(",", "")) <= MAX_STEPS_ADVISED for count in counts), out
 
 
 @pytest.mark.slow
@@ -165,9 +177,11 @@ def test_one_run_a_side_with_a_slow_start_is_never_slower(tmp_path: Path, capsys
     a, b = fit_run(tmp_path / "a", PACED_S), fit_run(tmp_path / "b", PACED_S, SlowStart())
     capsys.readouterr()
     assert compare_command.run(gate(str(a), str(b), "--fail-if-slower", "5%")) in (0, 3)
-    verdict = capsys.readouterr().out.splitlines()[0]
+    out = capsys.readouterr().out
+    assert_one_language(out)
+    verdict = out.splitlines()[0]
     assert verdict.startswith(("NOT SLOWER", "INCONCLUSIVE")), verdict
-    assert "NOT SLOWER" in verdict or "would settle it" in verdict or "sits on the threshold" in verdict
+    assert "NOT SLOWER" in verdict or "would settle it" in verdict or "within the runs' own noise" in verdict
 
 
 def test_differences_that_move_step_time_are_listed_and_can_be_allowed(tmp_path: Path) -> None:

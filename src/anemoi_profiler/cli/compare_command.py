@@ -9,7 +9,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from anemoi_profiler.reports.compare import REGRESSION_THRESHOLD_PCT, compare_runs, format_text, render_html
+from anemoi_profiler.reports.compare import (
+    REGRESSION_THRESHOLD_PCT,
+    GateFailed,
+    compare_runs,
+    format_text,
+    render_html,
+)
 from anemoi_profiler.reports.gate import DRIFT_FLOOR_PCT, GateError
 from anemoi_profiler.reports.regression_gate import (
     METRICS,
@@ -101,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
                 else None
             )
             why = why_lines(a_runs[0], b_runs[0]) if verdict is not None and not verdict.mismatches else []
+            failed = gate_failed(verdict)
             if args.html:
-                args.html.write_text(render_html(comparison, verdict_html(verdict, why) if verdict else ""), "utf-8")
+                page = render_html(comparison, verdict_html(verdict, why) if verdict else "", failed)
+                args.html.write_text(page, "utf-8")
     except (RunDownloadError, RunFolderError, OSError, GateError, GateInputError) as error:
         print(f"anemoi-profiler compare: {' '.join(str(error).split())}", file=sys.stderr)
         return USAGE_ERROR
@@ -110,10 +118,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_as_json(verdict, why), indent=2))
     else:
         head = [*verdict_lines(verdict), *why, ""] if verdict is not None else []
-        print("\n".join(head) + format_text(comparison), end="")
+        print("\n".join(head) + format_text(comparison, failed, verdict is not None), end="")
         if args.html:
             print(f"written: {args.html}")
     return verdict.exit_code if verdict is not None else 0
+
+
+def gate_failed(verdict: GateVerdict | None) -> GateFailed | None:
+    """What the gate failed on, for the table's REGRESSION words: nothing unless it exits 1."""
+    if verdict is None or verdict.exit_code != 1:
+        return None
+    slower = verdict.result is not None and verdict.result.outcome == "slower"
+    return GateFailed(slower=slower, more_memory=verdict.memory is not None and verdict.memory.more)
 
 
 def _load_side(targets: str, tracking_uri: str | None, downloads: Path) -> list[RunData]:

@@ -1,8 +1,12 @@
-"""Two runs side by side, with what got worse marked as a regression (`anemoi-profiler compare A B`).
+"""Two runs side by side, with what got worse marked (`anemoi-profiler compare A B`).
 
-A is the baseline, B the candidate: differences are B - A, and a regression is B worse than A by more than
-the threshold in the direction that matters (lower throughput, longer steps, more memory). Runs are read
-from their run folders (or downloaded from MLflow), so a comparison needs no tracking server.
+A is the baseline, B the candidate: differences are B - A, and a row is worse when B is worse than A by more
+than the threshold in the direction that matters (lower throughput, longer steps, more memory) and by more than
+the absolute floors (a millisecond of data wait, a percent of the step). The table speaks the gate's language: a
+worse row is a REGRESSION only where the gate (`compare --fail-if-slower`, `--fail-if-more-memory`) fails on its
+figure, which is what exits 1; one value per run cannot tell a change from the runs' noise, so elsewhere it is
+"worse, not settled". Runs are read from their run folders (or downloaded from MLflow), so a comparison needs no
+tracking server.
 """
 
 from __future__ import annotations
@@ -24,15 +28,36 @@ TOP_OPERATORS = 10
 MAX_NAME_TEXT = 70
 OPERATOR_MIN_SHARE = 0.01
 """An operator's change smaller than this share of the baseline's step time is noise, whatever its percent."""
+DATA_WAIT_FLOOR_MS = 1.0
+"""A change of the data wait smaller than this (ms per step) is never worse or better, whatever its percent: a
+wait that short is the loader's hand-over, not a starved step, and its relative changes are noise (+0.1 ms
+on a tenth of a millisecond reads +100 %)."""
+STEP_SHARE_FLOOR = 0.01
+"""Nor is a change of the data wait smaller than this share of the baseline's step time: it cannot move the
+step by more than that, far under the threshold (a `compare` read +0.135 ms on a 305 ms step as a regression)."""
 Status = Literal["regression", "improvement", ""]
+"""A row's direction beyond the threshold and floors ("regression": B worse), before the gate says whether it
+is settled (`Difference.word`)."""
+UNSETTLED = "worse, not settled"
+"""A worse row's word where the gate does not fail on its figure (no gate, or inconclusive, or not slower)."""
 
+
+@dataclass(frozen=True)
+class GateFailed:
+    """What the gate failed on (exit 1): the slowdown (time and rate rows) and/or the memory (MB rows)."""
+
+    slower: bool = False
+    more_memory: bool = False
+
+
+_WAIT = "dataloader wait"
 COMPARED: tuple[tuple[str, str, str, bool], ...] = (
     (names.TRAIN_SAMPLES_PER_SEC, "training samples/s", "/s", True),
     (names.TRAIN_ITEMS_PER_SEC, "training items/s", "/s", True),
     (names.VAL_SAMPLES_PER_SEC, "validation samples/s", "/s", True),
     (names.TRAIN_MFU, "MFU", "%", True),
     (names.TRAIN_STEP_MS, "training step", "ms", False),
-    (names.TRAIN_DATALOADER_WAIT_MS, "dataloader wait", "ms", False),
+    (names.TRAIN_DATALOADER_WAIT_MS, _WAIT, "ms", False),
     (names.TRAIN_STEP_MS_MAX, "slowest rank's step", "ms", False),
     (names.VAL_STEP_MS, "validation step", "ms", False),
     (names.PEAK_ALLOCATED_MB, "peak allocated (GPU)", "MB", False),
@@ -78,11 +103,22 @@ class Difference:
         worse = self.pct < 0 if self.higher_is_better else self.pct > 0
         return "regression" if worse else "improvement"
 
-    def cells(self) -> list[str]:
+    def settled(self, gate: GateFailed | None) -> bool:
+        """A worse row the gate failed on: memory rows by the memory check, the others by the slowdown test."""
+        failed = gate is not None and (gate.more_memory if self.unit == "MB" else gate.slower)
+        return self.status == "regression" and failed
+
+    def word(self, gate: GateFailed | None = None) -> str:
+        """REGRESSION only where the gate failed on the row's figure; other worse rows are not settled."""
+        if self.status == "regression":
+            return "REGRESSION" if self.settled(gate) else UNSETTLED
+        return self.status
+
+    def cells(self, gate: GateFailed | None = None) -> list[str]:
         delta = "n/a" if self.delta is None else ("+" if self.delta > 0 else "") + format_value(self.delta)
         pct = "n/a" if self.pct is None else f"{self.pct:+.1f}%"
         return [self.label, format_value(self.a, self.unit), format_value(self.b, self.unit), delta, pct,
-                self.status.upper() if self.status == "regression" else self.status]  # fmt: skip
+                self.word(gate)]  # fmt: skip
 
 
 @dataclass
@@ -95,8 +131,37 @@ class Comparison:
     threshold_pct: float
 
     @property
-    def regressions(self) -> list[Difference]:
+    def worse(self) -> list[Difference]:
+        """Rows with B worse than A beyond the threshold and floors, settled or not."""
         return [d for d in self.metrics + self.operators if d.status == "regression"]
+
+    def regressions(self, gate: GateFailed | None) -> list[Difference]:
+        """The worse rows the gate failed on: the only ones called a regression."""
+        return [d for d in self.worse if d.settled(gate)]
+
+    def summary(self, gate: GateFailed | None, ran: bool) -> str:
+        """The line under the table; `ran`: a gate was asked for (`gate` is what it failed on, if anything)."""
+        threshold = self.threshold_pct
+        regressions = self.regressions(gate)
+        unsettled = [d for d in self.worse if d not in regressions]
+        parts = []
+        if regressions:
+            listed = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
+            parts.append(
+                f"{len(regressions)} REGRESSION(S) (B worse than A by more than {threshold:g}%, as the gate "
+                f"found): {listed}"
+            )
+        if unsettled:
+            listed = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in unsettled)
+            why = (
+                "the gate above did not settle them"
+                if ran
+                else "one value per run cannot tell them from the runs' noise; --fail-if-slower tests that"
+            )
+            parts.append(
+                f"{len(unsettled)} figure(s) worse than A by more than {threshold:g}%, not settled ({why}): {listed}"
+            )
+        return "; ".join(parts) + "." if parts else f"No regression above {threshold:g}%."
 
     def mismatched_context(self) -> dict[str, tuple[str, str]]:
         a, b = self.a.describe(), self.b.describe()
@@ -109,8 +174,9 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = REGRESSION_THRES
     compared += [
         (label, system_a.get(key), system_b.get(key), unit, higher) for key, label, unit, higher in SYSTEM_COMPARED
     ]
+    wait_floor = max(DATA_WAIT_FLOOR_MS, STEP_SHARE_FLOOR * (_value(a, names.TRAIN_STEP_MS) or 0.0))
     metrics = [
-        Difference(label, value_a, value_b, unit, higher, threshold_pct)
+        Difference(label, value_a, value_b, unit, higher, threshold_pct, wait_floor if label == _WAIT else 0.0)
         for label, value_a, value_b, unit, higher in compared
         if value_a is not None or value_b is not None
     ]
@@ -127,43 +193,35 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = REGRESSION_THRES
     return Comparison(a, b, metrics, operators, scope, threshold_pct)
 
 
-def format_text(comparison: Comparison) -> str:
+def format_text(comparison: Comparison, gate: GateFailed | None = None, ran: bool = False) -> str:
+    """The table; `gate`: what the gate failed on (its REGRESSION rows), `ran`: whether a gate was asked for."""
     a, b = comparison.a, comparison.b
     lines = [f"A (baseline): {a.folder}", f"B:            {b.folder}"]
     lines += [f"  differ in {key}: A {va} | B {vb}" for key, (va, vb) in comparison.mismatched_context().items()]
     columns = ["", "A", "B", "B - A", "%", ""]
-    lines += ["", *plain_table(columns, [d.cells() for d in comparison.metrics])]
+    lines += ["", *plain_table(columns, [d.cells(gate) for d in comparison.metrics])]
     if comparison.operators:
         lines += ["", f"Top operators ({comparison.operator_scope})"]
-        rows = [[_shorten(d.label), *d.cells()[1:]] for d in comparison.operators]
+        rows = [[_shorten(d.label), *d.cells(gate)[1:]] for d in comparison.operators]
         lines += plain_table(["operator", *columns[1:]], rows)
-    regressions = comparison.regressions
-    threshold = comparison.threshold_pct
-    if regressions:
-        listed = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
-        lines += ["", f"{len(regressions)} REGRESSION(S) (B worse than A by more than {threshold:g}%): {listed}"]
-    else:
-        lines += ["", f"No regression above {threshold:g}%."]
+    lines += ["", comparison.summary(gate, ran)]
     return "\n".join(lines) + "\n"
 
 
-def render_html(comparison: Comparison, verdict: str = "") -> str:
-    """The page; `verdict` is the gate's HTML (`regression_gate.verdict_html`), shown first."""
+def render_html(comparison: Comparison, verdict: str = "", gate: GateFailed | None = None) -> str:
+    """The page; `verdict` is the gate's HTML (`regression_gate.verdict_html`), shown first; `gate` as for
+    `format_text`."""
     a, b = comparison.a, comparison.b
     described_a, described_b = a.describe(), b.describe()
     keys = list(dict.fromkeys([*described_a, *described_b]))
     runs = html_table(["", "A (baseline)", "B"], [[k, described_a.get(k, ""), described_b.get(k, "")] for k in keys])
     columns = ["", "A", "B", "B - A", "%", ""]
     parts = [f"<h1>Comparison: {esc(a.title)} vs {esc(b.title)}</h1>", verdict, runs]
-    regressions = comparison.regressions
-    summary = ", ".join(f"{d.label} {d.pct:+.1f}%" for d in regressions)
-    parts.append(
-        f"<p><b>{len(regressions)} regression(s)</b>: {esc(summary)}</p>" if regressions else "<p>No regression.</p>"
-    )
-    parts.append(_table(columns, comparison.metrics))
+    parts.append(f"<p><b>{esc(comparison.summary(gate, bool(verdict)))}</b></p>")
+    parts.append(_table(columns, comparison.metrics, gate))
     if comparison.operators:
         parts.append(f"<h2>Top operators ({esc(comparison.operator_scope)})</h2>")
-        parts.append(_table(["operator", *columns[1:]], comparison.operators, name_column=True))
+        parts.append(_table(["operator", *columns[1:]], comparison.operators, gate, name_column=True))
     parts.append("<h2>Over the run</h2><div class='plots'>")
     for key, title in OVERLAID.items():
         if a.series(key)[0] or b.series(key)[0]:
@@ -197,9 +255,14 @@ def _ms_per_step(run: RunData, column: str) -> dict[str, float]:
     return {name: total / steps for name, total in totals.items()} if steps else {}
 
 
-def _table(columns: list[str], differences: list[Difference], name_column: bool = False) -> str:
-    rows = [d.cells() for d in differences]
-    return html_table(columns, rows, name_column=name_column, row_classes=[d.status for d in differences])
+def _table(
+    columns: list[str], differences: list[Difference], gate: GateFailed | None, name_column: bool = False
+) -> str:
+    rows = [d.cells(gate) for d in differences]
+    classes = [
+        ("regression" if d.settled(gate) else "worse") if d.status == "regression" else d.status for d in differences
+    ]
+    return html_table(columns, rows, name_column=name_column, row_classes=classes)
 
 
 def _overlay(key: str, title: str, a: RunData, b: RunData) -> str:

@@ -13,8 +13,9 @@ runs as a whole), with its few degrees of freedom. A side of one run cannot show
 - slower: the lower bound is above the threshold;
 - not slower: the upper bound is below it;
 - inconclusive: the interval holds the threshold; the result says which slowdown this noise could have detected
-  and about how many more steps per run would settle it, or, where only the drift between runs keeps it open, how
-  many runs per side.
+  and about how many more steps per run would settle it, or, where the drift between runs keeps it open, how many
+  runs per side; where neither a reasonable number of steps (`MAX_STEPS_ADVISED`) nor of runs would, that the
+  difference is within the runs' own noise.
 
 Torch-free (numpy only); docs/gen_gate_table.py simulates the error rates that docs/regression-gate.md publishes.
 """
@@ -50,6 +51,10 @@ MAD_EFFICIENCY = 0.37
 stand for the run's drift; it is known with this share of a standard deviation's degrees of freedom."""
 MAX_RUNS_ADVISED = 20
 """An inconclusive one-run verdict names how many runs per side would settle it, up to this many."""
+MAX_STEPS_ADVISED = 1_000_000
+"""An inconclusive verdict names how many more steady steps per run would settle it, up to this many: beyond it
+(an estimate within a hair of the threshold) the difference is within the runs' own noise, and the advice is to
+reduce the noise (more runs per side, a quieter machine), not a run no one can make."""
 MAX_RESAMPLED_VALUES = 4_000_000
 """Bootstrap replicates are drawn in chunks of at most this many values (memory stays in the tens of MB)."""
 
@@ -79,16 +84,22 @@ class GateResult:
     detectable_pct: float
     """The smallest slowdown that this noise calls 'slower' with probability `CONFIDENCE`."""
     more_steps_per_run: int | None
-    """Inconclusive: about how many more steady steps each run needs to settle it; None otherwise, or when the
-    estimate sits on the threshold."""
+    """Inconclusive: about how many more steady steps each run needs to settle it (at most `MAX_STEPS_ADVISED`);
+    None otherwise, or when more steps cannot settle it (`within_noise`, or the drift between runs keeps it open)."""
     drift_pct: float | None = None
     """A side of one run: the drift between runs assumed (the runs' block-to-block spread, or the floor), as the
     standard deviation of a run's median step in %; None when every side has several runs."""
     inconclusive_by_drift: bool = False
     """The steps' noise alone would have decided; the drift between runs it must also hold against does not."""
     runs_needed: int | None = None
-    """Inconclusive by drift: about how many runs per side (interleaved) would settle it; None: more than
-    `MAX_RUNS_ADVISED`."""
+    """Inconclusive with a side of one run, where more steps cannot settle it: about how many runs per side
+    (interleaved) would; None: more than `MAX_RUNS_ADVISED`, or not asked."""
+
+    @property
+    def within_noise(self) -> bool:
+        """Inconclusive, and neither a reasonable number of steps nor of runs settles it: the estimate is within
+        the runs' own noise of the threshold."""
+        return self.outcome == "inconclusive" and self.more_steps_per_run is None and self.runs_needed is None
 
     @property
     def exit_code(self) -> int:
@@ -132,12 +143,11 @@ def judge_slowdown(
     # The steps alone would decide; the drift between runs does not let them.
     by_drift = outcome == "inconclusive" and bool(drift)
     by_drift = by_drift and abs(difference - limit) > _t_quantile(CONFIDENCE, noise_df) * noise_spread
-    if by_drift:
-        runs_needed = _runs_needed(abs(difference - limit), noise_spread, max(variance for variance, _ in drift))
-    elif outcome == "inconclusive" and abs(difference - limit) > 0:
-        needed = (spread * z / abs(difference - limit)) ** 2  # variance shrinks as 1 / steps
+    if outcome == "inconclusive" and not by_drift:
         per_run = max(len(run) for side in sides for run in side)
-        more = math.ceil(per_run * max(needed - 1, 0.0))
+        more = _more_steps(abs(difference - limit) / z, noise_spread, sum(variance for variance, _ in drift), per_run)
+    if outcome == "inconclusive" and more is None and drift:
+        runs_needed = _runs_needed(abs(difference - limit), noise_spread, max(variance for variance, _ in drift))
     return GateResult(
         outcome,
         threshold_pct,
@@ -174,6 +184,23 @@ def _with_drift(spread: float, df: float, drift: list[tuple[float, float]]) -> t
     terms = [(spread**2, df), *drift]
     total = sum(variance for variance, _ in terms)
     return math.sqrt(total), total**2 / sum(variance**2 / dof for variance, dof in terms if dof < math.inf)
+
+
+def _more_steps(allowed_spread: float, noise_spread: float, drift_variance: float, per_run: int) -> int | None:
+    """More steady steps per run that would bring the spread under `allowed_spread` (the estimate's distance to
+    the threshold over the t quantile); None past `MAX_STEPS_ADVISED`, or where the drift alone is wider.
+
+    Steps shrink the steps' noise (its variance as 1 / steps), not the drift between runs: the drift is taken off
+    the allowance first. Without that, a pair whose estimate sat a hair from the threshold asked for ~10^10 steps
+    (the distance squared in a denominator), and its reverse, far from the threshold but held open by the drift,
+    for tens of thousands of steps that could never settle it."""
+    allowance = allowed_spread**2 - drift_variance
+    if allowance <= 0:
+        return None
+    needed = noise_spread**2 / allowance
+    if needed > 1 + MAX_STEPS_ADVISED / per_run:
+        return None
+    return math.ceil(per_run * max(needed - 1, 0.0))
 
 
 def _runs_needed(distance: float, noise_spread: float, drift_variance: float) -> int | None:

@@ -61,7 +61,8 @@ dl.header dt { color: var(--muted); } dl.header dd { margin: 0; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
 .plots figure { margin: 0; } .plots img { width: 100%; height: auto; }
 pre { background: var(--bg); padding: 10px; overflow-x: auto; font-size: 12px; }
-tr.regression td { background: #fdecea; } tr.improvement td { background: #eaf7ee; }
+tr.regression td { background: #fdecea; } tr.worse td { background: #fdf6e3; }
+tr.improvement td { background: #eaf7ee; }
 """
 
 

@@ -15,7 +15,13 @@ import numpy as np
 
 from anemoi_profiler import names
 from anemoi_profiler.reports.comparability import allowed, differences
-from anemoi_profiler.reports.gate import DRIFT_FLOOR_PCT, MAX_RUNS_ADVISED, GateResult, judge_slowdown
+from anemoi_profiler.reports.gate import (
+    DRIFT_FLOOR_PCT,
+    MAX_RUNS_ADVISED,
+    MAX_STEPS_ADVISED,
+    GateResult,
+    judge_slowdown,
+)
 from anemoi_profiler.reports.html import esc
 from anemoi_profiler.reports.run_data import RunData
 from anemoi_profiler.run_files.steps_file import read_steps
@@ -201,17 +207,35 @@ def _result_line(result: GateResult, label: str) -> str:
     if result.outcome == "not slower":
         return f"NOT SLOWER: {head}: the upper bound is under {threshold}"
     if result.inconclusive_by_drift:
-        runs = f"about {result.runs_needed}" if result.runs_needed is not None else f"more than {MAX_RUNS_ADVISED}"
+        settle = (
+            f"about {result.runs_needed} runs per side, interleaved (A, B, A, B), would settle it"
+            if result.runs_needed is not None
+            else f"the difference is within the runs' own drift (more than {MAX_RUNS_ADVISED} runs per side would be "
+            "needed); to reduce it: a quieter machine, whose runs you measured, and a lower --drift-floor"
+        )
         return (
             f"INCONCLUSIVE: {head} hold {threshold} once the drift between runs is counted: with one run per side, "
             f"a run's level can move by {result.drift_pct:.1f} % (the larger of its own block-to-block spread and "
-            f"--drift-floor); {runs} runs per side, interleaved (A, B, A, B), would settle it"
+            f"--drift-floor); {settle}"
         )
-    settle = (
-        f"about {result.more_steps_per_run} more steady steps per run (or more runs) would settle it"
-        if result.more_steps_per_run is not None
-        else "the estimate sits on the threshold"
-    )
+    if result.more_steps_per_run is not None:
+        settle = f"about {result.more_steps_per_run} more steady steps per run (or more runs) would settle it"
+    elif result.runs_needed is not None:
+        settle = (
+            f"more steps cannot; about {result.runs_needed} runs per side, interleaved (A, B, A, B), would settle it"
+        )
+    else:
+        single = result.drift_pct is not None
+        settle = (
+            f"the difference is within the runs' own noise: no run of up to {MAX_STEPS_ADVISED:,} steady steps"
+            + (f" nor {MAX_RUNS_ADVISED} runs per side" if single else "")
+            + " would settle it; to reduce the noise: a quieter machine, and "
+            + (
+                "several runs per side, interleaved (A, B, A, B), whose spread replaces the assumed drift"
+                if single
+                else "more runs per side, interleaved (A, B, A, B)"
+            )
+        )
     return f"INCONCLUSIVE: {head} hold {threshold}; this noise detects +{result.detectable_pct:.1f} % or more; {settle}"
 
 
