@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +38,12 @@ def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mlflow.tracking import MlflowClient
 
     path = tmp_path_factory.mktemp("store-template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
+    previous = Path.cwd()
+    os.chdir(path.parent)  # MLflow 2.x makes ./mlruns where a store is opened: beside the template, not in the repo
+    try:
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+    finally:
+        os.chdir(previous)
     return path
 
 
@@ -92,18 +99,28 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", "ignore::lightning_fabric.utilities.warnings.PossibleUserWarning")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With xdist's `--dist loadgroup` (make test), the tests that read one module-scoped fixture (a fit, a run of
-    the benchmark harness) run on one worker, so that it is made once, not once on every worker."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        definitions = getattr(item, "_fixtureinfo", None)
-        shared = (
-            [name for name, defs in definitions.name2fixturedefs.items() if defs[-1].scope == "module"]
-            if definitions
-            else []
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}::{shared[0]}"))
+@functools.cache
+def _defines_a_module_fixture(module: Path) -> bool:
+    return module.suffix == ".py" and '@pytest.fixture(scope="module"' in module.read_text()
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist, which the version matrix's environments may lack
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (make test) also sends all the tests of a module that defines a module-scoped fixture (a
+    fit, the benchmark harness's run, that its tests only read) to one worker, so that the fixture is made once.
+
+    xdist's own groups (`xdist_group` marks) suffix the test's node id, which pytest 9 no longer lets a plugin
+    change; the scheduler, which sees only node ids, reads the module's source instead.
+    """
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleFixtureScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if _defines_a_module_fixture(config.rootpath / module):
+                return module
+            return super()._split_scope(nodeid)
+
+    return ModuleFixtureScheduling(config, log)
