@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+# Two entry points for a fresh machine (see README): `make demo` and `make test`. The test tiers (tests/README.md):
+# `make check` after every edit, `make test` before a push, `make soak` in CI after it.
 # Both install with constraints.txt: the torch version of the tests, from pip's configured indexes (README).
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 export MLFLOW_DISABLE_TELEMETRY := true
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test lint docs clean anemoi-e2e matrix
+.PHONY: demo check test soak lint docs clean anemoi-e2e matrix
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,14 +37,32 @@ demo: $(VENV)/.installed-base
 	$(BIN)/anemoi-profiler demo $(ARGS)
 
 LINTED := src tests benchmarks examples
+PYTEST := $(BIN)/python -m pytest
+# Most tests wait on sleeps, child processes and servers: 4 workers overlap them on 2 cores. loadgroup keeps the
+# tests that read one module-scoped fit on one worker (tests/conftest.py). `make test XDIST=` runs in one process.
+XDIST ?= -n 4 --dist loadgroup
+# pytest exits 5 when it selects no test: a tier left empty (its tests moved to another) says so and passes.
+EMPTY_TIER_PASSES = status=$$?; [ $$status -eq 5 ] && echo "$@: no test selected" || exit $$status
 
+# The loop after every edit: lint, import contracts and the unit tests (no mypy, no docs build).
+check: $(VENV)/.installed-dev
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
+	$(PYTEST) tests/unit -q -n 2 $(PYTEST_ARGS); $(EMPTY_TIER_PASSES)
+
+# Every distinct path once; the repetitions, long runs and fault suites (marked `soak`) are left to `make soak`.
 test: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) -m "not soak" $(XDIST) $(PYTEST_ARGS); $(EMPTY_TIER_PASSES)
+
+# In one process: its fault suites wait on deadlines and one test brings its own busy loops (tests/README.md).
+soak: $(VENV)/.installed-dev $(OMEGACONF23)/.installed
+	$(PYTEST) -m soak $(PYTEST_ARGS); $(EMPTY_TIER_PASSES)
 
 # The version matrix (docs/versions.md): the tests marked `stack` on the declared floor (Python 3.10, torch 2.4,
 # Lightning 2.2, MLflow 2.16) and on anemoi-training's own install (torch 2.10). Cached environments, not .venv.

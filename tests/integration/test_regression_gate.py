@@ -150,6 +150,7 @@ def test_a_run_without_a_step_record_is_a_usage_error(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_two_runs_of_one_config_are_never_slower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Interleaved runs, two a side: run-to-run drift on a shared machine widens the interval, it does not fail.
     A first run is left out, so that each compared run follows another (the last one's background work, a trace

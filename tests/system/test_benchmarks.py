@@ -51,6 +51,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # the whole quick harness on CPU: minutes
 def test_gpu_check_dry_run_exits_0(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     completed, out = dry_run
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
@@ -59,6 +60,7 @@ def test_gpu_check_dry_run_exits_0(dry_run: tuple[subprocess.CompletedProcess[st
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     out = dry_run[1]
     results: dict[str, Any] = json.loads((out / "results.json").read_text())

@@ -273,6 +273,7 @@ LOADED_RUNS = 5
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_ranks_exit_0_right_after_the_last_exchange_on_loaded_cores(tmp_path: Path) -> None:
     """A rank that exits right after its last exchange must exit 0, also when the cores are busy.
 
@@ -309,7 +310,8 @@ def processes_left(session_id: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.stack
-@pytest.mark.parametrize("repetition", range(3))
+# the first of each preset in make test, the repetitions in make soak
+@pytest.mark.parametrize("repetition", [0, *(pytest.param(k, marks=pytest.mark.soak) for k in (1, 2))])
 @pytest.mark.parametrize("preset", ["simple", "detailed"])
 def test_a_two_rank_fit_with_each_preset_ends_and_leaves_no_process(
     tmp_path: Path, preset: str, repetition: int
@@ -343,6 +345,7 @@ SESSIONS_IN_A_ROW = 40
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.stack
 def test_closing_the_exchange_at_the_end_of_a_session_always_returns(tmp_path: Path) -> None:
     """Every session's end closes its exchange; the close must return, on every supported torch.

@@ -186,6 +186,7 @@ def test_a_fit_whose_memory_climbs_gets_a_memory_window_not_assessed_on_cpu(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_steady_run_of_2000_steps_gets_no_triggered_window(tmp_path: Path) -> None:
     run_dir = triggered_fit(tmp_path, PacedModel(None), 2000, "log_every_n_steps=50")
     assert windows(run_dir) == []

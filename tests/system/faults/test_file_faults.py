@@ -35,7 +35,7 @@ from tests.system.faults.fault_helpers import (
     seeded_fit,
 )
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.soak]  # a long suite: make soak (CI)
 
 HERE = Path(__file__).resolve().parent
 

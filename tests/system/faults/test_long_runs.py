@@ -18,7 +18,7 @@ from anemoi_profiler.callbacks.stage_callback import StageCallback
 from tests.helpers.lightning_models import TinyRegressor, loaders, trainer
 from tests.system.faults.fault_helpers import metric_steps, only_run, quick_config
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.soak]  # a long suite: make soak (CI)
 
 ALLOWED_GROWTH_BYTES = 128 * 1024
 """Over 50k steps: a leak of 3 bytes per step, or of 128 bytes per log interval, would exceed it."""

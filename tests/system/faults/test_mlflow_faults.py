@@ -30,7 +30,7 @@ from tests.system.faults.fault_helpers import (
 )
 from tests.system.faults.fault_servers import ErrorServer, SlowProxy
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.soak]  # a long suite: make soak (CI)
 
 STEP_KEY = names.TRAIN_STEP_MS
 TEN_BATCHES_LOGGED_EVERY_TWO = [2, 4, 6, 8, 10]

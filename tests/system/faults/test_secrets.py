@@ -17,7 +17,7 @@ from tests.helpers.mlflow_server import MlflowServer
 from tests.system.faults.fault_helpers import only_run, only_run_folder, quick_config, seeded_fit
 from tests.system.faults.fault_servers import ErrorServer
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.soak]  # a long suite: make soak (CI)
 
 PASSWORD = "hunter2-planted-password"
 PLANTED_ENV = {

@@ -42,7 +42,7 @@ from tests.system.faults.fault_helpers import (
 )
 from tests.system.faults.fault_servers import ErrorServer, SlowProxy
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.soak]  # a long suite: make soak (CI)
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "train_until_signalled.py"
