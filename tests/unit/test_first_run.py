@@ -1,0 +1,60 @@
+"""What a first run prints reads well: a command that runs from any shell, whole diagnosis lines, no empty
+pointers (issue 53)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from anemoi_profiler.analysis.summary_text import format_summary
+from anemoi_profiler.report_sections import ReportSection, RunReport
+from anemoi_profiler.run.folder import mlflow_command
+
+
+def test_the_printed_mlflow_command_runs_from_a_shell_without_the_virtual_environment() -> None:
+    executable = shlex.split(mlflow_command())
+    assert Path(executable[0]).is_absolute() and os.access(executable[0], os.X_OK)
+    bare = {"PATH": "/usr/bin:/bin", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    result = subprocess.run(
+        [*executable, "ui", "--help"], env=bare, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--backend-store-uri" in result.stdout
+
+
+def test_the_diagnosis_is_not_folded_on_a_narrow_console(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    sentence = "[high] dataloader-bound: 45% of the training step waits for the dataloader (12.0 of 26.7 ms)"
+    report = RunReport({"status": "FINISHED"})
+    report.add(ReportSection("Diagnosis", [""], [[sentence], ["    Next: raise num_workers"]], note="Checked: all."))
+    report.print_console()
+    lines = capsys.readouterr().out.splitlines()
+    assert sentence in lines  # whole, its severity too (not read as rich markup)
+    assert "    Next: raise num_workers" in lines
+
+
+def window_summary(tables: list[str]) -> dict[str, object]:
+    return {
+        "window": "train/window_0",
+        "folder": "traces/train/window_0",
+        "out_dir": "hta/train/window_0",
+        "ranks": [0],
+        "metrics": {},
+        "top_kernels": [],
+        "ran": [],
+        "skipped": {"temporal_breakdown": "no GPU kernels"},
+        "failed": {},
+        "warnings": [],
+        "tables": tables,
+    }
+
+
+def test_analyze_points_at_the_tables_only_where_there_are_some() -> None:
+    assert "tables:" not in format_summary(window_summary([]))  # a CPU run: every analysis skipped
+    assert "  tables: hta/train/window_0" in format_summary(window_summary(["temporal_breakdown"]))
