@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from anemoi_profiler.analysis.summary_text import format_summary
 from anemoi_profiler.report_sections import ReportSection, RunReport
+from anemoi_profiler.reports import steady
 from anemoi_profiler.run.folder import mlflow_command
 
 
@@ -58,3 +60,40 @@ def window_summary(tables: list[str]) -> dict[str, object]:
 def test_analyze_points_at_the_tables_only_where_there_are_some() -> None:
     assert "tables:" not in format_summary(window_summary([]))  # a CPU run: every analysis skipped
     assert "  tables: hta/train/window_0" in format_summary(window_summary(["temporal_breakdown"]))
+
+
+FIGURES = [f"throughput/train/{name}" for name in ("samples_per_sec", "batches_per_sec", "items_per_sec", "mfu")] + [
+    f"time/train/{name}" for name in ("step_ms", "step_ms_min", "step_ms_max", "callbacks_ms", "loop_ms")
+]
+
+
+def test_the_steady_figures_keep_their_order_in_runs_of_any_hash_seed() -> None:
+    """Two runs (processes of different hash seeds) give the report's rows in one order, the figures' own."""
+    code = (
+        "import sys; from anemoi_profiler.reports import steady; log = steady.IntervalLog(); "
+        "log.append(10, 5, 1.0, dict.fromkeys(sys.argv[1:], 1.0)); "
+        "log.append(20, 5, 1.0, dict.fromkeys(sys.argv[1:], 2.0)); "
+        "print(' '.join(steady.combined(steady.split(log.intervals()).steady)))"
+    )
+    orders = set()
+    for seed in ("1", "2", "3"):
+        environment = {**os.environ, "PYTHONHASHSEED": seed}
+        result = subprocess.run(
+            [sys.executable, "-c", code, *FIGURES], env=environment, capture_output=True, text=True, check=True
+        )
+        orders.add(tuple(result.stdout.split()))
+    assert orders == {tuple(FIGURES)}
+
+
+def test_the_throughput_rows_lead_with_the_headline() -> None:
+    made = ["device/batches_per_sec", "device/samples_per_sec", "mfu", "batches_per_sec", "samples_per_sec"]
+    rates = dict.fromkeys([f"throughput/train/{name}" for name in [*made, "items_per_sec"]], 1.0)
+    assert list(steady.headline_first(rates)) == [
+        "throughput/train/samples_per_sec",
+        "throughput/train/items_per_sec",
+        "throughput/train/batches_per_sec",
+        "throughput/train/mfu",
+        "throughput/train/device/samples_per_sec",
+        "throughput/train/device/batches_per_sec",
+    ]
+    assert list(steady.headline_first(dict(reversed(rates.items())))) == list(steady.headline_first(rates))

@@ -166,7 +166,7 @@ class ThroughputCallback(StageCallback):
             if stage == "train" and seen and not split.steady:
                 warmup = self.config.throughput.warmup_steps
                 values["train/samples_per_sec"] = (f"{steady.NOT_ENOUGH} ({seen} batches, warmup {warmup})", "")
-            rates = steady.combined(split.steady)
+            rates = steady.headline_first(steady.combined(split.steady))
             if split.slow:
                 self._slow_stretch_figures(stage, split, values, summary)
             for key, value in rates.items():
