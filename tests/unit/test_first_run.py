@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,3 +98,20 @@ def test_the_throughput_rows_lead_with_the_headline() -> None:
         "throughput/train/device/batches_per_sec",
     ]
     assert list(steady.headline_first(dict(reversed(rates.items())))) == list(steady.headline_first(rates))
+
+
+def test_the_demo_says_its_steps_without_a_progress_bar() -> None:
+    from anemoi_profiler.demo import ProgressLines
+
+    said: list[str] = []
+    progress = ProgressLines(said.append, max_steps=120, every=50)
+    for step in range(1, 121):
+        progress.on_train_batch_end(SimpleNamespace(global_step=step), None, None, None, step - 1)
+    assert [line.split(",")[0] for line in said] == ["step 50/120", "step 100/120", "step 120/120"]
+
+
+def test_the_demo_command_says_each_phase_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from anemoi_profiler.cli import demo_command
+
+    demo_command.say("loading torch and Lightning")
+    assert capsys.readouterr().out == "anemoi-profiler: demo: loading torch and Lightning\n"
