@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.analysis.summary_text import format_summary
 from anemoi_profiler.report_sections import ReportSection, RunReport
 from anemoi_profiler.reports import steady
@@ -46,7 +47,7 @@ def window_summary(tables: list[str]) -> dict[str, object]:
     return {
         "window": "train/window_0",
         "folder": "traces/train/window_0",
-        "out_dir": "hta/train/window_0",
+        "out_dir": "results/train/window_0",
         "ranks": [0],
         "metrics": {},
         "top_kernels": [],
@@ -60,12 +61,11 @@ def window_summary(tables: list[str]) -> dict[str, object]:
 
 def test_analyze_points_at_the_tables_only_where_there_are_some() -> None:
     assert "tables:" not in format_summary(window_summary([]))  # a CPU run: every analysis skipped
-    assert "  tables: hta/train/window_0" in format_summary(window_summary(["temporal_breakdown"]))
+    assert "  tables: results/train/window_0" in format_summary(window_summary(["temporal_breakdown"]))
 
 
-FIGURES = [f"throughput/train/{name}" for name in ("samples_per_sec", "batches_per_sec", "items_per_sec", "mfu")] + [
-    f"time/train/{name}" for name in ("step_ms", "step_ms_min", "step_ms_max", "callbacks_ms", "loop_ms")
-]
+FIGURES = [names.throughput("train", name) for name in ("samples_per_sec", "batches_per_sec", "items_per_sec", "mfu")]
+FIGURES += [names.timing("train", name) for name in ("step_ms", "step_ms_min", "step_ms_max", "loop_ms")]
 
 
 def test_the_steady_figures_keep_their_order_in_runs_of_any_hash_seed() -> None:
@@ -88,15 +88,10 @@ def test_the_steady_figures_keep_their_order_in_runs_of_any_hash_seed() -> None:
 
 def test_the_throughput_rows_lead_with_the_headline() -> None:
     made = ["device/batches_per_sec", "device/samples_per_sec", "mfu", "batches_per_sec", "samples_per_sec"]
-    rates = dict.fromkeys([f"throughput/train/{name}" for name in [*made, "items_per_sec"]], 1.0)
-    assert list(steady.headline_first(rates)) == [
-        "throughput/train/samples_per_sec",
-        "throughput/train/items_per_sec",
-        "throughput/train/batches_per_sec",
-        "throughput/train/mfu",
-        "throughput/train/device/samples_per_sec",
-        "throughput/train/device/batches_per_sec",
-    ]
+    rates = dict.fromkeys([names.throughput("train", name) for name in [*made, "items_per_sec"]], 1.0)
+    expected = ["samples_per_sec", "items_per_sec", "batches_per_sec", "mfu", "device/samples_per_sec"]
+    expected += ["device/batches_per_sec"]
+    assert list(steady.headline_first(rates)) == [names.throughput("train", name) for name in expected]
     assert list(steady.headline_first(dict(reversed(rates.items())))) == list(steady.headline_first(rates))
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.clock import ExchangeControl, RankTotals
 from anemoi_profiler.cluster import window_exchange
 from anemoi_profiler.cluster.window_exchange import WindowExchange
@@ -104,4 +105,4 @@ def test_a_windows_metrics_go_at_its_own_step(
     exchange.finish()
     assert exchange.tables[("train", 0)].step == step
     assert logged and {at for at, _ in logged} == {logged_at}
-    assert all(name.startswith("window/train/") for _, names in logged for name in names)
+    assert all(name.startswith(f"{names.WINDOW}train/") for _, logged_names in logged for name in logged_names)
