@@ -80,14 +80,15 @@ class ProgressLines(pl.Callback):
 
     def __init__(self, say: Callable[[str], None], max_steps: int, every: int = PROGRESS_EVERY) -> None:
         self.say, self.max_steps, self.every = say, max_steps, every
-        self.started = time.monotonic()
+        self.started, self.said = time.monotonic(), 0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.started = time.monotonic()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
-        if step % self.every == 0 or step == self.max_steps:
+        if step != self.said and (step % self.every == 0 or step == self.max_steps):  # once a step (accumulation)
+            self.said = step
             self.say(f"step {step}/{self.max_steps}, {time.monotonic() - self.started:.0f} s")
 
 

@@ -19,7 +19,7 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config_command.add_arguments(parser)
     parser.add_argument(
-        "--max-steps", type=int, default=400, help="training steps (default: 400, a few minutes on a small CPU)"
+        "--max-steps", type=int, default=400, help="training steps (default: 400, one to a few minutes on CPU)"
     )
     parser.add_argument("--slow-data", action="store_true", help="make the dataloader slow, to see a data-bound run")
 

@@ -89,7 +89,7 @@ def build_tables(run_dir: Path, gathered: list[list[float]], slots: int) -> dict
         kernel_names = {}
         for rank in ranks:
             kernel_names.update(_read_names(kernel_names_path(run_dir, stage, window, rank)))
-        step = int(max(steps[(stage, window)])) if (stage, window) in steps else None  # the ranks' agree
+        step = int(max(steps[(stage, window)])) if (stage, window) in steps else None  # the ranks agree
         tables[(stage, window)] = WindowTable(ranks, np.array([by_rank[rank] for rank in ranks]), kernel_names, step)
     return tables
 
