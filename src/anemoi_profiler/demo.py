@@ -1,9 +1,10 @@
-"""A small bundled model and synthetic data, so `anemoi-profiler demo` shows the whole product in a minute."""
+"""A small bundled model and synthetic data, so `anemoi-profiler demo` shows the whole product in a few minutes."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +71,44 @@ class DemoTransformer(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
 
 
+PROGRESS_EVERY = 50
+"""Training steps between the demo's progress lines when no progress bar shows (output not a terminal)."""
+
+
+class ProgressLines(pl.Callback):
+    """A line every `every` training steps, for an output that is not a terminal (Lightning's bar is off there)."""
+
+    def __init__(self, say: Callable[[str], None], max_steps: int, every: int = PROGRESS_EVERY) -> None:
+        self.say, self.max_steps, self.every = say, max_steps, every
+        self.started, self.said = time.monotonic(), 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.started = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if step != self.said and (step % self.every == 0 or step == self.max_steps):  # once a step (accumulation)
+            self.said = step
+            self.say(f"step {step}/{self.max_steps}, {time.monotonic() - self.started:.0f} s")
+
+
 def tokens_in_batch(batch: Any) -> int:
     """Items for items_per_sec: tokens per batch (a shape product, so no device sync)."""
     return batch[0].numel()
 
 
-def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32, slow_data: bool = False) -> Any:
-    """Train the demo model with the profiler callbacks and an MLFlowLogger on the same tracking store."""
+def run_demo(
+    config: ProfilerConfig,
+    max_steps: int = 400,
+    batch_size: int = 32,
+    slow_data: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> Any:
+    """Train the demo model with the profiler callbacks and an MLFlowLogger on the same tracking store.
+
+    `say`: told of each phase before it starts and, without a progress bar, of the steps every `PROGRESS_EVERY`
+    (the CLI prints it); None: quiet."""
+    say = say or (lambda text: None)
     # First, as the README advises: the MLflow sender imports MLflow while the data and the logger are made.
     callbacks = build_callbacks(config, length_fn=tokens_in_batch)
     torch.manual_seed(0)
@@ -91,6 +123,7 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
         tracking_uri = resolve_tracking_uri(config.tracking.uri, None, config.output_dir)
         if tracking_uri.startswith("sqlite:") and (problem := sqlite_store_problem()):
             raise ConfigError(problem)
+        say(f"opening the MLflow store {tracking_uri} (its first use creates the tables)")
         from mlflow.tracking import MlflowClient
 
         # Made before the logger does, so that it is made as the profiler's own experiments are (their tags).
@@ -101,9 +134,11 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
             run_name=config.tracking.run_name or "demo",
             artifact_location=artifact_location_for(tracking_uri),
         )
+    progress_bar = sys.stdout.isatty()
     trainer = pl.Trainer(
         max_steps=max_steps,
-        callbacks=[*callbacks],  # as a list of Lightning's `Callback`, the type Trainer asks for
+        # as a list of Lightning's `Callback`, the type Trainer asks for
+        callbacks=[*callbacks, *([] if progress_bar else [ProgressLines(say, max_steps)])],
         logger=logger,
         accelerator="auto",
         devices=1,
@@ -112,7 +147,8 @@ def run_demo(config: ProfilerConfig, max_steps: int = 400, batch_size: int = 32,
         log_every_n_steps=config.log_every_n_steps,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=sys.stdout.isatty(),
+        enable_progress_bar=progress_bar,
     )
+    say(f"training {max_steps} steps on {trainer.accelerator.__class__.__name__.removesuffix('Accelerator')}")
     trainer.fit(DemoTransformer(), train, val)
     return trainer

@@ -94,15 +94,20 @@ class RunReport:
         for key, value in self.header.items():
             console.print(f"[bold]{key}[/bold]: {value}", highlight=False)
         for section in self.sections:
+            console.print()
+            console.print(section.title, style="bold italic", highlight=False)  # then its note, as in report.txt
+            if section.note:
+                console.print(section.note, highlight=False)
+            if len(section.columns) == 1 and not any(section.columns):
+                # Sentences (the diagnosis): one line each, as in report.txt; a table would fold them mid-sentence.
+                for row in section.rows:
+                    console.print(" ".join(str(cell) for cell in row), soft_wrap=True, markup=False, highlight=False)
+                continue
             table = Table(show_header=any(section.columns), box=None)
             for index, column in enumerate(section.columns):
                 table.add_column(column, justify="left" if index == 0 else "right", overflow="fold")
             for row in section.rows:
                 table.add_row(*(str(cell) for cell in row))
-            console.print()
-            console.print(section.title, style="bold italic", highlight=False)  # then its note, as in report.txt
-            if section.note:
-                console.print(section.note, highlight=False)
             console.print(table)
 
 

@@ -328,6 +328,15 @@ def test_slow_rank_stays_quiet_for_balanced_ranks_and_says_why_it_could_not_look
     assert slow_rank(run_with({"train/step_ms": 100.0}, TWO_HOSTS, sections=ranks)) == NotAssessed(reason)
 
 
+def test_a_failed_run_of_two_ranks_is_not_called_one_rank() -> None:
+    """Only rank 0's report, no waits exchanged (the run ended early): says so, and the section does not read
+    "rank balance (one rank)"."""
+    outcome = slow_rank(run_with({"train/step_ms": 100.0}, TWO_HOSTS))
+    assert outcome == NotAssessed("only rank 0 reported, the waits of the 2 ranks were never exchanged")
+    note = render_section({"rank balance": outcome}).note
+    assert "rank balance (one rank)" not in note and "rank balance (only rank 0 reported" in note
+
+
 # ---- memory ----
 def test_memory_near_the_limit_and_allocator_retries() -> None:
     near = memory_use(run_with({names.PEAK_ALLOCATED_MB: 120_000, names.PEAK_RESERVED_MB: 140_000}, H200))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from anemoi_profiler import names
 from anemoi_profiler.clock import ExchangeControl, RankTotals
 from anemoi_profiler.cluster import window_exchange
 from anemoi_profiler.cluster.window_exchange import WindowExchange
@@ -31,9 +32,9 @@ def _profiled_window() -> Any:
     return prof.profiler
 
 
-def _summarised(run_dir: Path) -> WindowSummaries:
+def _summarised(run_dir: Path, step: int | None = None) -> WindowSummaries:
     summaries = WindowSummaries(lambda key: kernel_names_path(run_dir, *key, 0))
-    summaries.submit("train", 0, _profiled_window())
+    summaries.submit("train", 0, _profiled_window(), step=step)
     deadline = time.monotonic() + 30
     while not summaries.ready() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -88,3 +89,20 @@ def test_received_returns_before_the_worker_reads_the_names_and_finish_waits_for
     assert list(exchange.tables) == [("train", 0)]
     assert window_summary_path(tmp_path, "train", 0, ".csv").is_file()
     assert exchange.tables[("train", 0)].ranks == [0]
+
+
+@pytest.mark.parametrize(("step", "logged_at"), [(18, 18), (None, 0)])
+def test_a_windows_metrics_go_at_its_own_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: int | None, logged_at: int
+) -> None:
+    """A window ending with the batch after which the global step is 18 logs its `window/...` figures at step
+    18, not at its index 0 (the index only where no rank knew the step)."""
+    session = ProfilerSession()
+    session.run_dir = tmp_path
+    logged: list[tuple[int | None, list[str]]] = []
+    monkeypatch.setattr(session, "log_metrics", lambda metrics, step=None: logged.append((step, list(metrics))))
+    exchange = WindowExchange(session, _summarised(tmp_path, step), None, dict)
+    exchange.finish()
+    assert exchange.tables[("train", 0)].step == step
+    assert logged and {at for at, _ in logged} == {logged_at}
+    assert all(name.startswith(f"{names.WINDOW}train/") for _, logged_names in logged for name in logged_names)

@@ -58,7 +58,8 @@ def _format_window(window: dict[str, Any]) -> list[str]:
     lines.extend(f"  skipped {name}: {reason}" for name, reason in window["skipped"].items())
     lines.extend(f"  FAILED {name}: {error}" for name, error in window["failed"].items())
     lines.extend(f"  warning: {warning}" for warning in window["warnings"])
-    lines.append(f"  tables: {window['out_dir']}")
+    if window.get("tables"):  # none where nothing ran (a CPU trace): no folder of tables to point at
+        lines.append(f"  tables: {window['out_dir']}")
     return lines
 
 

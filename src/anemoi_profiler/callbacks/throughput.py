@@ -166,9 +166,7 @@ class ThroughputCallback(StageCallback):
             if stage == "train" and seen and not split.steady:
                 warmup = self.config.throughput.warmup_steps
                 values["train/samples_per_sec"] = (f"{steady.NOT_ENOUGH} ({seen} batches, warmup {warmup})", "")
-            rates = steady.combined(split.steady)
-            if split.slow:
-                self._slow_stretch_figures(stage, split, values, summary)
+            rates = steady.headline_first(steady.combined(split.steady))
             for key, value in rates.items():
                 name = key.removeprefix(names.THROUGHPUT)
                 summary[names.summary_of(key)] = value
@@ -176,6 +174,8 @@ class ThroughputCallback(StageCallback):
                     values[f"{name}_percent"] = (value * 100, "%")
                 else:
                     values[name] = (value, "/s")
+            if split.slow:  # after the headline rates
+                self._slow_stretch_figures(stage, split, values, summary)
             for key, value in _slowest_rank(stage, ranks).items():
                 summary[names.summary_of(key)] = value
                 values[key.removeprefix(names.THROUGHPUT)] = (int(value), "")

@@ -74,7 +74,7 @@ class StepTimingCallback(StageCallback):
             split = steady.split(self.intervals[stage].intervals())
             times = steady.combined(split.steady)
             if times:
-                across = {key: value for key, value in across.items() if key not in times} | times
+                across = times | {key: value for key, value in across.items() if key not in times}  # step_ms first
             else:
                 across = {key: value for key, value in across.items() if key.startswith(names.MEMORY)}
             for key, value in across.items():

@@ -154,7 +154,7 @@ class TorchProfilerCallback(ProfilerCallback):
         self._durations_add("train/training_step", self._batch_start)
         if self._optimizer_start > self._batch_start:
             self._durations_add("train/optimizer_step", self._optimizer_start)
-        self._end_batch("train")
+        self._end_batch("train", trainer_info.global_step(trainer))
         self._last_train_end = time.perf_counter()
 
     @guarded
@@ -202,7 +202,7 @@ class TorchProfilerCallback(ProfilerCallback):
         self._batches["val"] += 1
         if self._timing:
             self._durations_add("val/validation_batch", self._batch_start)
-            self._end_batch("val")
+            self._end_batch("val", trainer_info.global_step(trainer))
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -225,8 +225,9 @@ class TorchProfilerCallback(ProfilerCallback):
         self._timing = True
         self._batch_start = now
 
-    def _end_batch(self, stage: str) -> None:
-        """Step the stage's profiler after its batch (already counted) and stop it after the last cycle."""
+    def _end_batch(self, stage: str, step: int) -> None:
+        """Step the stage's profiler after its batch (already counted) and stop it after the last cycle; `step`:
+        the trainer's global step, which a window ending here logs its figures at."""
         assert self._windows is not None
         self._timing = False
         recorder = self._recorders[stage]
@@ -234,7 +235,7 @@ class TorchProfilerCallback(ProfilerCallback):
             return
         finished = self._batches[stage] - 1
         with self.session.own_work.measure():  # closing a window, trace export: not training time
-            self._windows.batch_ended(recorder, finished)
+            self._windows.batch_ended(recorder, finished, step)
             if finished + 1 >= self._spans[stage][1]:
                 self._stop(stage)
 

@@ -4,19 +4,20 @@ The exchange happens during the run: at the first training interval after every 
 windows (each rank says in the clock's exchange how many it has ready and how many are still being
 summarised: `WindowExchange`), and once more at the run's end for what is left (validation windows after the
 last training interval, a run without interval metrics). Each rank sends a row of `ROW_LENGTH` float64 per
-window (the window's stage and index, then the summary with kernel names as hashes; each rank's summary thread
+window (the window's stage, index and step, then the summary with kernel names as hashes; each rank's summary thread
 writes its name table in `window_summaries/` before the window is offered), as many rows as the rank with the
 most windows ready (padded with NaN), so the gathered table is `world_size x ROW_LENGTH x 8` bytes a window,
-whatever the windows held: 8 ranks 5.8 kB, 64 ranks 46 kB, 1,000 ranks 0.72 MB (`exchange_bytes`). Ranks that
+whatever the windows held: 8 ranks 5.8 kB, 64 ranks 47 kB, 1,000 ranks 0.73 MB (`exchange_bytes`). Ranks that
 did not record a window are left out of its table. The training thread only joins the gather; a worker thread
 reads the name tables and writes the table. MLflow gets, per field, the min, median and max over ranks and the
-rank of the max (`window/<stage>/<field>_{min,median,max,argmax_rank}`, step = window index), as each window is
-exchanged.
+rank of the max (`window/<stage>/<field>_{min,median,max,argmax_rank}`), as each window is exchanged, at the
+window's own step: the trainer's global step after its last batch (the window index where no rank knew it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +42,8 @@ log = get_logger(__name__)
 SPREAD_SUFFIXES = ("min", "median", "max", "argmax_rank")
 EXCHANGED_STAGES = ("train", "val", "component")
 """A row names its window's stage by its index here."""
-ROW_LENGTH = 2 + VECTOR_LENGTH
-"""Per window: stage index, window index, the summary's vector."""
+ROW_LENGTH = 3 + VECTOR_LENGTH
+"""Per window: stage index, window index, global step after its last batch (NaN: unknown), the summary's vector."""
 
 
 def exchange_bytes(world_size: int, windows: int = 1) -> tuple[int, int]:
@@ -66,8 +67,8 @@ def gather_summaries(
     """Every rank's rows (the collective alone: no file is touched); None on failure."""
     payload = np.full((slots, ROW_LENGTH), np.nan)
     for row, ((stage, window), summary) in zip(payload, sorted(mine.items()), strict=False):
-        row[:2] = EXCHANGED_STAGES.index(stage), window
-        row[2:] = summary.vector()
+        row[:3] = EXCHANGED_STAGES.index(stage), window, math.nan if summary.step is None else summary.step
+        row[3:] = summary.vector()
     return exchange.gather(payload.ravel().tolist())
 
 
@@ -75,16 +76,21 @@ def build_tables(run_dir: Path, gathered: list[list[float]], slots: int) -> dict
     """The tables of the gathered rows, with the kernel names each rank's summary thread wrote (on a shared
     file system; a name not found shows as its hash)."""
     rows: dict[WindowKey, dict[int, np.ndarray]] = {}
+    steps: dict[WindowKey, list[float]] = {}
     for rank, sent in enumerate(np.array(gathered).reshape(len(gathered), slots, ROW_LENGTH)):
         for row in sent[~np.isnan(sent[:, 0])]:
-            rows.setdefault((EXCHANGED_STAGES[int(row[0])], int(row[1])), {})[rank] = row[2:]
+            key = (EXCHANGED_STAGES[int(row[0])], int(row[1]))
+            rows.setdefault(key, {})[rank] = row[3:]
+            if not np.isnan(row[2]):
+                steps.setdefault(key, []).append(float(row[2]))
     tables = {}
     for (stage, window), by_rank in sorted(rows.items()):
         ranks = sorted(by_rank)
         kernel_names = {}
         for rank in ranks:
             kernel_names.update(_read_names(kernel_names_path(run_dir, stage, window, rank)))
-        tables[(stage, window)] = WindowTable(ranks, np.array([by_rank[rank] for rank in ranks]), kernel_names)
+        step = int(max(steps[(stage, window)])) if (stage, window) in steps else None  # the ranks agree
+        tables[(stage, window)] = WindowTable(ranks, np.array([by_rank[rank] for rank in ranks]), kernel_names, step)
     return tables
 
 
@@ -177,7 +183,8 @@ class WindowExchange:
             if session.is_global_zero:
                 write_tables(session.run_dir, tables)
                 for (stage, window), table in tables.items():
-                    session.log_metrics(spread_metrics(stage, table), step=window)
+                    step = table.step if table.step is not None else window
+                    session.log_metrics(spread_metrics(stage, table), step=step)
         except Exception as error:
             log.warning_once(self._said, "failed", "window summaries: %s: %s", type(error).__name__, error)
 

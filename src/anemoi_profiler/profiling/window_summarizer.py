@@ -38,11 +38,15 @@ class WindowSummaries:
         self._names_path = names_path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
         self._pending: dict[WindowKey, Future[WindowSummary]] = {}
+        self._steps: dict[WindowKey, int | None] = {}
         self._said: set[object] = set()
         self.in_process = reads_in_process()
 
-    def submit(self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None) -> None:
-        """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background.
+    def submit(
+        self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None, step: int | None = None
+    ) -> None:
+        """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background; `step`:
+        the trainer's global step after the window's last batch, kept as the summary's `step`.
 
         `trace`: the window's trace file being written (its path, None if it was not), which a torch that
         cannot read the events in process reads instead (kineto saves a window only once).
@@ -53,6 +57,7 @@ class WindowSummaries:
         else:
             future = self._executor.submit(_summarize_saved, kineto_results(results), trace, names_path)
         self._pending[(stage, window)] = future
+        self._steps[(stage, window)] = step
 
     def ready(self) -> list[WindowKey]:
         """Windows whose summary is done (or failed) and not yet taken, without waiting."""
@@ -66,9 +71,10 @@ class WindowSummaries:
         """The summaries of `keys` (waiting for any not done), no longer pending; failed ones left out (warned once)."""
         summaries = {}
         for key in keys:
-            future = self._pending.pop(key)
+            future, step = self._pending.pop(key), self._steps.pop(key, None)
             try:
                 summaries[key] = future.result()
+                summaries[key].step = step
             except Exception as error:
                 log.warning_once(
                     self._said, "failed", "could not summarise window %s: %s: %s", key, type(error).__name__, error

@@ -99,6 +99,8 @@ class WindowSummary:
     values: dict[str, float]
     top_kernels: list[TopKernel] = field(default_factory=list)
     rules: dict[str, int] = field(default_factory=dict)
+    step: int | None = None
+    """The trainer's global step after the window's last batch (the step its MLflow figures go at); None: unknown."""
 
     @property
     def device_assessed(self) -> bool:

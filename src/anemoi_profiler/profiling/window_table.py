@@ -45,6 +45,8 @@ class WindowTable:
     vectors: np.ndarray
     names: dict[str, str]
     """Kernel name hash (as `f"{hash:.0f}"`) -> name."""
+    step: int | None = None
+    """The trainer's global step after the window's last batch, its figures' MLflow step; None: unknown."""
 
     @classmethod
     def of(cls, summaries: dict[int, WindowSummary]) -> WindowTable:

@@ -58,6 +58,7 @@ class ProfilingWindows:
         self.timeline_seconds: float | None = None
         self._timeline_tried = False
         self._active: dict[str, int] = {}
+        self._step: int | None = None  # the trainer's global step at the latest batch end
 
     def open(self, stage: str, schedule: WindowSchedule, batch: int) -> WindowRecorder:
         """Start a recorder for a stage run at its first scheduled batch."""
@@ -78,7 +79,10 @@ class ProfilingWindows:
         if self.traces is not None and schedule.starts_cycle(batch):
             self.traces.check_next_window(stage, schedule.active)
 
-    def batch_ended(self, recorder: WindowRecorder, batch: int) -> None:
+    def batch_ended(self, recorder: WindowRecorder, batch: int, step: int | None = None) -> None:
+        """After `batch` of the recorder's stage; `step`: the trainer's global step then, a window's own step
+        when the batch ends it."""
+        self._step = step
         memory = self.step_memory
         if memory is not None and recorder.recording:
             memory.end_step(recorder.stage, self.completed[recorder.stage], batch)
@@ -91,7 +95,7 @@ class ProfilingWindows:
         self.completed[stage] += 1
         trace = None if self.traces is None else self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.summaries is not None:
-            self.summaries.submit(stage, window, prof.profiler, trace)
+            self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
         if self.options.time_report or self.options.memory_report:
             events = None
             if cycles_share_one_profiler():  # torch 2.4 parsed the window's events at its end: counting is free

@@ -204,7 +204,12 @@ def slow_rank(run: RunData) -> Outcome:
     if straggler_ms is None:
         ranks = (run.sections.get("Ranks") or {}).get("data") or {}
         assessed = str(ranks.get("collective wait") or "")
-        return NotAssessed(assessed.removeprefix("not assessed: ") if assessed.startswith("not") else "one rank")
+        if assessed.startswith("not"):
+            return NotAssessed(assessed.removeprefix("not assessed: "))
+        world = int(run.environment.get("world_size") or 1)
+        if world > 1:  # a run that ended before its ranks exchanged their waits: not "one rank"
+            return NotAssessed(f"only rank 0 reported, the waits of the {world} ranks were never exchanged")
+        return NotAssessed("one rank")
     step_ms = run.steady(names.TRAIN_STEP_MS) or 0.0
     accumulate = int(run.environment.get("accumulate_grad_batches") or 1)
     optimizer_step_ms = step_ms * accumulate

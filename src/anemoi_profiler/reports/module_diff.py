@@ -89,8 +89,8 @@ def diff(a: ModuleTimes, b: ModuleTimes, total_change_ms: float) -> list[ModuleC
         self_delta = b.self_ms.get(path_b or "", 0.0) - a.self_ms.get(path_a or "", 0.0)
         inclusive_delta = b.inclusive_ms.get(path_b or "", 0.0) - a.inclusive_ms.get(path_a or "", 0.0)
         ops_a, ops_b = a.operators_ms.get(path_a or "", {}), b.operators_ms.get(path_b or "", {})
-        deltas = {op: ops_b.get(op, 0.0) - ops_a.get(op, 0.0) for op in set(ops_a) | set(ops_b)}
-        top = sorted(deltas.items(), key=lambda item: -abs(item[1]))[:TOP_OPERATORS]
+        deltas = {op: ops_b.get(op, 0.0) - ops_a.get(op, 0.0) for op in sorted(set(ops_a) | set(ops_b))}
+        top = sorted(deltas.items(), key=lambda item: (-abs(item[1]), item[0]))[:TOP_OPERATORS]  # ties by name
         share = self_delta / total_change_ms if total_change_ms else 0.0
         path = path_b or path_a or ""
         changes.append(ModuleChange(path, self_delta, inclusive_delta, share, top, _note(path_a, path_b)))

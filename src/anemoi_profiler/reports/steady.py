@@ -71,8 +71,9 @@ class IntervalLog:
 
     def append(self, step: int, batches: float, seconds: float, figures: dict[str, float]) -> None:
         count = len(self._steps)
-        for key in figures.keys() - self._figures.keys():
-            self._figures[key] = array("d", [math.nan] * count)
+        for key in figures:  # in the figures' order (not a set's, which varies between runs): the report's rows
+            if key not in self._figures:
+                self._figures[key] = array("d", [math.nan] * count)
         for key, column in self._figures.items():
             column.append(figures.get(key, math.nan))
         self._steps.append(step)
@@ -135,3 +136,19 @@ def stretch_steps(slow: list[Interval]) -> str:
     """The slow stretches' log intervals, by the global step at each one's end: `10, 20`."""
     steps = sorted(interval.step for interval in slow)
     return ", ".join(map(str, steps))
+
+
+HEADLINE_ORDER = ("samples_per_sec", "items_per_sec", "batches_per_sec", "mfu")
+"""The rates of a stage in the report's order: the headline, samples/s, first."""
+
+
+def headline_first(rates: dict[str, float]) -> dict[str, float]:
+    """`rates` (`throughput/<stage>[/device]/<rate>`) in the report's order: every rank's before one device's,
+    then by `HEADLINE_ORDER`, then by name; the same order on every run, whatever order they were made in."""
+
+    def rank(key: str) -> tuple[bool, int, str]:
+        last = key.rsplit("/", 1)[-1]
+        order = HEADLINE_ORDER.index(last) if last in HEADLINE_ORDER else len(HEADLINE_ORDER)
+        return "/device/" in key, order, key
+
+    return {key: rates[key] for key in sorted(rates, key=rank)}

@@ -26,7 +26,7 @@ def why_lines(a: RunData, b: RunData) -> list[str]:
             ]
         return [f"why: not assessed: the runs have no training profiler windows; {HOW_TO_GET_WINDOWS}"]
     median_change = _median_step_ms(b) - _median_step_ms(a) if _median_step_ms(a) and _median_step_ms(b) else 0.0
-    roots = [path for path in set(times_a.inclusive_ms) | set(times_b.inclusive_ms) if "/" not in path]
+    roots = [path for path in sorted(set(times_a.inclusive_ms) | set(times_b.inclusive_ms)) if "/" not in path]
     forward_change = sum(times_b.inclusive_ms.get(p, 0.0) - times_a.inclusive_ms.get(p, 0.0) for p in roots)
     profiled_change = times_b.step_ms - times_a.step_ms if times_a.step_ms and times_b.step_ms else forward_change
     changes = diff(times_a, times_b, profiled_change)[:TOP_MODULES]

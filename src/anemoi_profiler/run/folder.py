@@ -6,6 +6,9 @@ Create it with the config and the environment, upload it to the MLflow run at th
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,8 +85,17 @@ def _mlflow_run_lines(run_dir: Path, sink: TrackingSink) -> list[str]:
     if link:
         lines.append(f"{PREFIX}open it at {link}")
     elif sink.tracking_uri.startswith("sqlite:"):
-        lines.append(f"{PREFIX}open it with: mlflow ui --backend-store-uri {sink.tracking_uri}")
+        lines.append(f"{PREFIX}open it with: {mlflow_command()} ui --backend-store-uri {sink.tracking_uri}")
         link = run_url(LOCAL_UI, sink.experiment_id, sink.run_id)
         if link:
             lines.append(f"{PREFIX}then go to {link}")
     return lines
+
+
+def mlflow_command() -> str:
+    """The `mlflow` of the running Python, by its absolute path, so that the printed command also runs from a
+    shell whose PATH lacks the virtual environment; `python -m mlflow` when the environment has no script."""
+    script = Path(sys.executable).parent / "mlflow"
+    if script.is_file() and os.access(script, os.X_OK):
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m mlflow"
