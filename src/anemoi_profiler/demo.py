@@ -112,7 +112,7 @@ def run_demo(
     # First, as the README advises: the MLflow sender imports MLflow while the data and the logger are made.
     callbacks = build_callbacks(config, length_fn=tokens_in_batch)
     torch.manual_seed(0)
-    train = DataLoader(SyntheticSequences(max_steps * batch_size, delay_s=0.004 if slow_data else 0.0), batch_size)
+    train = DataLoader(SyntheticSequences(max_steps * batch_size, delay_s=0.008 if slow_data else 0.0), batch_size)
     val = DataLoader(SyntheticSequences(8 * batch_size), batch_size)
     logger: Any = False
     if config.tracking.enabled:

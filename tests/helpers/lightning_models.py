@@ -42,7 +42,8 @@ class TinyRegressor(pl.LightningModule):
 
 
 class SlowSamples(Dataset):
-    """A dataset whose samples take 2 ms each to load, like decoding files on a busy filesystem."""
+    """A dataset whose samples take 8 ms each to load, like decoding files on a busy filesystem: a wait that stays
+    most of a small model's step even when a loaded machine slows its compute several times."""
 
     def __init__(self, size: int = 384) -> None:
         self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(0))
@@ -51,7 +52,7 @@ class SlowSamples(Dataset):
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(0.002)
+        time.sleep(0.008)
         return self.x[index], self.x[index].sum(0, keepdim=True)
 
 

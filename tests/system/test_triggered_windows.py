@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,10 @@ def test_a_rank_that_starts_to_lag_gets_a_slow_rank_window_on_it_and_rank_0(tmp_
     assert window["evidence"]["value"] > window["evidence"]["threshold"]
 
 
-def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(tmp_path: Path) -> None:
+def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(
+    tmp_path: Path, new_store: Callable[[Path], str]
+) -> None:
+    new_store(tmp_path / "mlflow.db")  # the request and the fit's sender open it at once: neither migrates it
     answers: list[int] = []
 
     def request_when_running() -> None:

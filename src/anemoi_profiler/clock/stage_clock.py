@@ -51,7 +51,7 @@ from anemoi_profiler.config import ProfilerConfig
 from anemoi_profiler.distributed.exchange import RankExchange
 from anemoi_profiler.distributed.gradient_sync import GradientSyncTimer
 from anemoi_profiler.logs import get_logger
-from anemoi_profiler.run_files.steps_file import EPOCH_START
+from anemoi_profiler.run_files.steps_file import EPOCH_START, NOT_STEADY
 from anemoi_profiler.trainer import trainer_info
 from anemoi_profiler.trainer.lightning_private import TRAIN_FETCH, missing
 from anemoi_profiler.trainer.trainer_info import TrainerLike
@@ -172,7 +172,7 @@ class StageClock:
         if meter.running:
             counter = self.counter
             samples, items = counter.count(batch) if counter is not None else (0, 0)
-            if flags:  # not a steady step (steps.json flags it): out of the steady figures, in the all-in ones
+            if flags & NOT_STEADY:  # out of the steady figures, in the all-in ones
                 self.gaps.batch_ended("train", None, sample_next_gap=False)
                 meter.leave_out(samples, items, step_started, own_work_then)
                 self.left_out_steps += 1

@@ -34,20 +34,24 @@ FLAGS = {
     "own_work": OWN_WORK,
     "epoch_start": EPOCH_START,
 }
-"""Why a step is not steady state: before `throughput.warmup_steps`; inside a torch.profiler window; the first step
-of a stage after another ran (training after validation, a validation run's first batch); a checkpoint was saved
-in it; the profiler's own work (trace export, snapshot dump) ran in it; the first step of a training epoch."""
+"""What happened in a step: before `throughput.warmup_steps`; inside a torch.profiler window; the first step of a
+stage after another ran (training after validation, a validation run's first batch); a checkpoint was saved in it;
+the profiler's own work (trace export, snapshot dump) ran in it; the first step of a training epoch."""
+NOT_STEADY = WARMUP | PROFILED | AFTER_OTHER_STAGE | OWN_WORK | EPOCH_START
+"""The flags that leave a step out of the steady figures (the headline, the gate's step times). A checkpoint is not
+among them: saving one is the training's own periodic work, seen as other callbacks' time, and a long save makes
+its interval a slow stretch, set apart like any other."""
 
 
 @dataclass(frozen=True)
 class StepSeries:
-    """One stage's step durations in seconds and their flags (0: steady), in the order the steps ran."""
+    """One stage's step durations in seconds and their flags, in the order the steps ran."""
 
     seconds: np.ndarray
     flags: np.ndarray
 
     def steady(self) -> np.ndarray:
-        return self.seconds[self.flags == 0]
+        return self.seconds[(self.flags & NOT_STEADY) == 0]
 
     def flagged(self) -> dict[str, int]:
         """How many steps carry each flag."""
