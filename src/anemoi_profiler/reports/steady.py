@@ -27,9 +27,8 @@ SLOW_STRETCH_FACTOR = 1.5
 MIN_INTERVALS_TO_SPLIT = 3
 """With fewer log intervals there is no median to tell a slow one by: every interval is steady."""
 LABEL = (
-    "steady state: the steps after warmup, outside profiling windows and the profiler's own work (steps.json's "
-    f"unflagged steps), slow stretches (log intervals over {SLOW_STRETCH_FACTOR:g}x the median interval's time per "
-    "batch) set apart"
+    "steady state: the steps after warmup, outside profiling windows, epoch starts and the profiler's own work, "
+    f"slow stretches (log intervals over {SLOW_STRETCH_FACTOR:g}x the median interval's time per batch) set apart"
 )
 """The headline figures' name where they are shown."""
 DEFINITION = f"{LABEL}; rates = their samples / their seconds, step times = their seconds / their batches"
