@@ -13,6 +13,7 @@ from anemoi_profiler.run_files.steps_file import (
     AFTER_OTHER_STAGE,
     CHECKPOINT,
     EPOCH_START,
+    NOT_STEADY,
     PROFILED,
     QUANTUM,
     WARMUP,
@@ -31,7 +32,8 @@ def test_durations_come_back_within_the_quantum_and_flags_exactly() -> None:
     series = decode(encode(seconds, flags))
     assert np.max(np.abs(series.seconds / seconds - 1)) <= QUANTUM / 2 + 1e-12
     assert np.array_equal(series.flags, flags)
-    assert np.array_equal(series.steady(), series.seconds[flags == 0])
+    assert np.array_equal(series.steady(), series.seconds[(flags & NOT_STEADY) == 0])
+    assert np.array_equal(series.steady(), series.seconds[(flags | CHECKPOINT) == CHECKPOINT])  # a checkpoint stays
 
 
 def test_ten_thousand_steps_at_three_percent_noise_take_about_ten_kb() -> None:
