@@ -58,8 +58,8 @@ class TimedRecorder(NodeRecorder):
     """The recorder, keeping the seconds, and the CPU seconds of its thread, each `record` took on rank 0's worker
     thread (the tables, the cluster's view, the metrics queued for MLflow)."""
 
-    def __init__(self, session: ProfilerSession) -> None:
-        super().__init__(session, per_node_series=False)
+    def __init__(self, session: ProfilerSession, several_nodes: bool) -> None:
+        super().__init__(session, per_node_series=False, several_nodes=several_nodes)
         self.seconds: list[float] = []
         self.cpu_seconds: list[float] = []
 
@@ -86,7 +86,7 @@ def run_system(
             session.run_dir = run_dir
             uri = f"sqlite:///{run_dir / 'mlflow.db'}"
             session.sink = open_sink(session.config, run_dir, 0, uri, run_name=f"scale {world} ranks")
-            recorder = TimedRecorder(session)
+            recorder = TimedRecorder(session, several_nodes=nodes > 1)
         system = SystemExchange(session, interval_s, recorder) if nodes > 1 else None
         shared_s, shared_cpu_s, started_at, step = [], [], time.time(), 0
         for interval in range(args.system_intervals):

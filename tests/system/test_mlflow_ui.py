@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.demo import run_demo
@@ -47,7 +48,7 @@ def drawn_width(browser: Browser, selector: str, timeout_s: float = 30.0) -> int
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Browser:
-    browser = Browser(tmp_path / "profile", height=1200)  # the folded cluster view and all eight system charts
+    browser = Browser(tmp_path / "profile", height=1200)  # all eight system charts
     yield browser  # type: ignore[misc]
     browser.close()
 
@@ -81,8 +82,12 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     assert "Evaluations" in browser.wait_for_text("Description", "Evaluation runs")
 
     browser.open(f"{run_page}?{MODEL_TRAINING_VIEW}")
-    text = browser.wait_for_text("anemoi-profiler: what limits this run", "dataloader-bound", "profiler.verdict")
+    text = browser.wait_for_text("anemoi-profiler: what limits this run", "profiler.verdict")
     assert "Evaluations" not in text and "Model training" in text
+    # The page shows the run's verdict (which one depends on how busy the machine is: a loaded CPU slows the steps,
+    # not the slow loader's sleeps; the verdicts themselves: tests/unit/test_diagnosis.py, test_data_wait.py).
+    verdict = MlflowClient(server.uri).get_run(found[1].rsplit("/", 1)[-1]).data.tags["profiler.verdict"]
+    assert verdict in text, verdict
     for tag in ("profiler.device", "profiler.world_size", "profiler.strategy", "profiler.precision"):
         assert tag in text, tag
     browser.click('[data-component-id="mlflow.assistant.chat_panel.close"]')  # the assistant panel, if shown
@@ -95,13 +100,10 @@ def test_the_run_page_shows_the_diagnosis_tags_and_charts(
     browser.wait_for_count("svg.main-svg", 2)  # Plotly drew the charts in view
     browser.wait_for_text("(memory/cpu_rss_mb)", "(summary/memory/cpu_rss_mb)")  # their legends
     browser.open(f"{run_page}/system-metrics?{MODEL_TRAINING_VIEW}")
-    # The cluster's view (`system/cluster/...`, the same on one node as on many) comes first: fold it, as a user
-    # would, and rank 0's node under MLflow's own names is the System metrics tab as MLflow draws it.
-    cluster_section = names.cluster("cpu_utilization_percentage", "min").rsplit("/", 1)[0]  # its charts' prefix
-    browser.wait_for_text(cluster_section)
-    assert browser.click('[role="button"]', cluster_section)
+    # One node: no cluster to summarise and no copies of its series: the tab opens on MLflow's own system charts.
     browser.wait_for_count("svg.main-svg", len(SYSTEM_METRICS))
-    browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
+    text = browser.wait_for_text(*(f"(system/{name})" for name in SYSTEM_METRICS))  # each chart's legend
+    assert names.cluster("cpu_utilization_percentage", "min").rsplit("/", 1)[0] not in text
     screenshots.append(browser.screenshot(tmp_path / "mlflow_system_metrics.png", height=760))
 
     # The report's plots are SVG files: MLflow's artifact viewer draws each as an image at its own size.

@@ -10,7 +10,7 @@ import pytest
 
 from anemoi_profiler import names
 from anemoi_profiler.cluster.system_nodes import decode, encode, row_length
-from anemoi_profiler.reports.cluster_view import NOT_AN_OUTLIER, cluster_view, nodes_section
+from anemoi_profiler.reports.cluster_view import cluster_view, nodes_section
 from anemoi_profiler.reports.compare import compare_runs
 from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.run_files.system_tables import NodeSample, SystemTableWriter, read_node_means, read_system_table
@@ -29,8 +29,9 @@ def test_node_figures_give_min_median_max_and_the_node_farthest_from_the_median(
     assert view[names.cluster("cpu_utilization_percentage", "median")] == 80.0
     assert view[names.cluster("cpu_utilization_percentage", "max")] == 82.0
     assert view[names.cluster("cpu_utilization_percentage", "outlier_node")] == 2.0
-    # Every node alike: no outlier, said as -1 rather than blaming node 0.
-    assert view[names.cluster("disk_usage_percentage", "outlier_node")] == NOT_AN_OUTLIER
+    # Every node alike: no outlier is named, rather than blaming node 0 or logging a made-up -1.
+    assert names.cluster("disk_usage_percentage", "median") in view
+    assert names.cluster("disk_usage_percentage", "outlier_node") not in view
     assert names.cluster("gpu_utilization_percentage", "min") not in view  # no GPU, no GPU figures
 
 
@@ -49,10 +50,11 @@ def test_gpu_figures_span_every_gpu_of_every_node_and_name_the_outliers_node_and
 
 
 def test_the_number_of_series_does_not_depend_on_the_number_of_nodes_or_gpus() -> None:
-    one = cluster_view([node(0, 50.0, {0: 90.0})])
+    two = cluster_view([node(k, 50.0 + k, {g: 90.0 - g - k for g in range(2)}) for k in range(2)])
     many = cluster_view([node(k, 50.0 + k, {g: 90.0 - g for g in range(8)}) for k in range(125)])
-    assert sorted(one) == sorted(many)
-    assert len(one) == 2 * len(names.CLUSTER_STATISTICS) + 2 * (len(names.CLUSTER_STATISTICS) + 1)
+    assert sorted(two) == sorted(many)
+    # cpu and disk for the nodes, GPU utilisation and temperature for the GPUs; disk alike everywhere: no outlier
+    assert len(two) == 2 * len(names.CLUSTER_STATISTICS) - 1 + 2 * (len(names.CLUSTER_STATISTICS) + 1)
 
 
 def test_a_sample_is_read_from_the_samplers_names_and_given_back_under_node_names() -> None:

@@ -55,9 +55,12 @@ class SystemMetricsCallback(ProfilerCallback):
         options = self.config.system
         self._node, self._host = trainer_info.node_rank(trainer), socket.gethostname()
         session = self.session
-        self._recorder = NodeRecorder(session, options.per_node_series) if session.is_global_zero else None
+        several_nodes = trainer_info.num_nodes(trainer) > 1
+        self._recorder: NodeRecorder | None = None
+        if session.is_global_zero:
+            self._recorder = NodeRecorder(session, options.per_node_series, several_nodes)
         self._exchange: SystemExchange | None = None
-        if trainer_info.num_nodes(trainer) > 1 and session.stage_clock is not None:
+        if several_nodes and session.stage_clock is not None:
             self._exchange = SystemExchange(session, options.interval_s, self._recorder)
             session.stage_clock.train_exchanges.append(self._exchange)
         if trainer_info.local_rank(trainer) != 0:

@@ -8,9 +8,10 @@ totals), and once more at the end: two all-gathers then, the rows each rank has 
 rows themselves, `2 + len(NODE_LEAVES) + slots x (1 + len(GPU_LEAVES))` float64 each. The training thread only
 joins the gathers; rank 0's worker thread writes the rows and logs the metrics.
 
-MLflow gets, whatever the job's size, rank 0's node under MLflow's own names (its System metrics tab shows them
-as on one machine) and the cluster's view (`reports.cluster_view`) of every node's latest sample; per-node series
-(`system/node_<k>/...`) only with `system.per_node_series`.
+MLflow gets rank 0's node under MLflow's own names (its System metrics tab shows them as on one machine) and, from
+two nodes on, the cluster's view (`reports.cluster_view`) of every node's latest sample, a fixed number of series
+whatever the job's size; on one node there is no cluster to summarise and MLflow gets no copies of the node's own
+series. Per-node series (`system/node_<k>/...`) only with `system.per_node_series`.
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ def _present(values: dict[str, float]) -> dict[str, float]:
 class NodeRecorder:
     """Rank 0: writes the samples to the run folder and logs the cluster's view (and, when asked, per-node series)."""
 
-    def __init__(self, session: ProfilerSession, per_node_series: bool) -> None:
+    def __init__(self, session: ProfilerSession, per_node_series: bool, several_nodes: bool) -> None:
+        """`several_nodes`: log the cluster's view (on one node it would copy the node's own series)."""
         assert session.run_dir is not None
         self._session = session
         self._per_node_series = per_node_series
+        self._several_nodes = several_nodes
         self._table = SystemTableWriter(session.run_dir)
         self.means = NodeMeans()
         """Each node's and GPU's means over the run, for the report."""
@@ -96,7 +99,7 @@ class NodeRecorder:
                     self._session.log_metrics(sample.metrics(f"node_{sample.node}"), sample.step)
                 if sample.node not in self._latest or self._latest[sample.node].time <= sample.time:
                     self._latest[sample.node] = sample
-            if samples:
+            if samples and self._several_nodes:
                 self._session.log_metrics(cluster_view(self._latest.values()), step)
         except Exception as error:
             log.warning_once(self._said, "record", "system metrics of the nodes: %s: %s", type(error).__name__, error)

@@ -1,6 +1,6 @@
 """The cluster's view of the nodes' system samples: per figure, the min, median and max across the job's nodes (or
-GPUs) and the outlier, the node (and GPU) farthest from the median. What MLflow gets under `system/cluster/...`:
-a fixed number of series whatever the number of nodes and GPUs."""
+GPUs) and the outlier, the node (and GPU) farthest from the median. What MLflow gets under `system/cluster/...`
+from two nodes on: a fixed number of series whatever the number of nodes and GPUs."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from anemoi_profiler.report_sections import ReportSection
 from anemoi_profiler.run_files.layout import SYSTEM_METRICS_DIR
 from anemoi_profiler.run_files.system_tables import NodeSample
 
-NOT_AN_OUTLIER = -1.0
-"""The outlier's node or GPU when every value equals the median (one node, or all alike)."""
-
 
 def cluster_view(samples: Iterable[NodeSample]) -> dict[str, float]:
     """`system/cluster/<leaf>_{min,median,max,outlier_node}` for each node figure some node has, and the same with
-    `gpu_<leaf>` and `outlier_gpu` (the GPU's ordinal on its node) for each GPU figure, across all the GPUs."""
+    `gpu_<leaf>` and `outlier_gpu` (the GPU's ordinal on its node) for each GPU figure, across all the GPUs. The
+    outlier only where some value differs from the median: when all are alike there is none to name."""
     node_figures: dict[str, list[tuple[float, int, int]]] = {}
     gpu_figures: dict[str, list[tuple[float, int, int]]] = {}
     for sample in sorted(samples, key=lambda sample: sample.node):
@@ -39,15 +37,15 @@ def _spread(leaf: str, entries: list[tuple[float, int, int]], gpu: bool) -> dict
     values = [value for value, _, _ in entries]
     middle = median(values)
     distance, node, ordinal = max((abs(value - middle), -node, -ordinal) for value, node, ordinal in entries)
-    outlier = (float(-node), float(-ordinal)) if distance > 0 else (NOT_AN_OUTLIER, NOT_AN_OUTLIER)
     spread = {
         names.cluster(leaf, "min"): min(values),
         names.cluster(leaf, "median"): middle,
         names.cluster(leaf, "max"): max(values),
-        names.cluster(leaf, "outlier_node"): outlier[0],
     }
-    if gpu:
-        spread[names.cluster(leaf, "outlier_gpu")] = outlier[1]
+    if distance > 0:
+        spread[names.cluster(leaf, "outlier_node")] = float(-node)
+        if gpu:
+            spread[names.cluster(leaf, "outlier_gpu")] = float(-ordinal)
     return spread
 
 
@@ -72,9 +70,10 @@ def nodes_section(means: list[NodeSample]) -> ReportSection | None:
     for leaf, label, unit in SECTION_FIGURES:
         if names.cluster(leaf, "median") not in view:
             continue
-        low, middle, high, node = (view[names.cluster(leaf, s)] for s in names.CLUSTER_STATISTICS)
+        low, middle, high = (view[names.cluster(leaf, statistic)] for statistic in ("min", "median", "max"))
+        node = view.get(names.cluster(leaf, "outlier_node"))
         outlier = ""
-        if node >= 0:
+        if node is not None:
             outlier = f"node {int(node)}" + (f" ({hosts[int(node)]})" if hosts.get(int(node)) else "")
             if leaf.startswith("gpu_"):
                 outlier += f", GPU {int(view[names.cluster(leaf, 'outlier_gpu')])}"
