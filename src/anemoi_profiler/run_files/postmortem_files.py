@@ -150,8 +150,14 @@ def killed_summary(record: dict[str, Any]) -> str:
     step = "before its first logged step" if record.get("step") is None else f"after step {record['step']}"
     said = f"rank {record['rank']} (pid {record['pid']} on {record['hostname']}) vanished {step}: {record['cause']}"
     for peer in record.get("peers_ended") or []:
-        said += f"; rank {peer['rank']} (pid {peer['pid']}) ended first ({peer['exit'] or 'exit status not seen'})"
+        said += f"; {peer_ended(peer)}"
     return said
+
+
+def peer_ended(peer: dict[str, Any]) -> str:
+    """`rank 1 (pid 13) ended first (SIGKILL)`: a rank the vanished process had started (Lightning's launcher)."""
+    when = "ended first" if peer.get("first", True) else "was gone with it"
+    return f"rank {peer['rank']} (pid {peer['pid']}) {when} ({peer['exit'] or 'exit status not seen'})"
 
 
 def escape_markdown(text: str) -> str:

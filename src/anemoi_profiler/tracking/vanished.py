@@ -157,16 +157,21 @@ class VanishWatch:
             log.info("no longer watching the other ranks: %s: %s", type(error).__name__, error)
 
     def _look_at_peers(self) -> None:
-        while not self._stop.wait(PEER_POLL_S) and os.getppid() == self.pid:
-            for child in _children(self.pid) - set(self._peers) - {os.getpid()}:
-                rank = _rank_of(child)
-                if rank is not None and rank != self._own_rank:
-                    self._peers[child] = rank
+        while not self._stop.wait(PEER_POLL_S):
+            alive = os.getppid() == self.pid
+            if alive:
+                for child in _children(self.pid) - set(self._peers) - {os.getpid()}:
+                    rank = _rank_of(child)
+                    if rank is not None and rank != self._own_rank:
+                        self._peers[child] = rank
             for child, rank in list(self._peers.items()):
                 ended = exit_status(child)
                 if ended is not None or not Path(f"/proc/{child}").exists():
                     del self._peers[child]
-                    self.peers_ended.append({"rank": int(rank), "pid": child, "exit": ended, "at": time.time()})
+                    peer = {"rank": int(rank), "pid": child, "exit": ended, "first": alive, "at": time.time()}
+                    self.peers_ended.append(peer)
+            if not alive:  # the parent is gone: the peers it had are told as they are now, once
+                return
 
     def finish(self, target: Target) -> Path | None:
         """The training process vanished: the record, metrics.json, and the run ended as KILLED (through the spool
