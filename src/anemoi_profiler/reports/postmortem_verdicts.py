@@ -131,7 +131,7 @@ def killed(run: RunData) -> Verdict | None:
     if memory:
         figures = ", ".join(f"{key} {value:.0f}" for key, value in memory.items())
         message += f"; rank {first['rank']}'s last memory figures: {figures}"
-    if "OOM" in first["cause"]:
+    if "OOM killer" in first["summary"]:
         next_step = "Host memory ran out: fewer DataLoader workers, smaller samples in memory, or more memory per task"
     else:
         next_step = (

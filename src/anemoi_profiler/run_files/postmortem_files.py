@@ -157,7 +157,8 @@ def killed_summary(record: dict[str, Any]) -> str:
 def peer_ended(peer: dict[str, Any]) -> str:
     """`rank 1 (pid 13) ended first (SIGKILL)`: a rank the vanished process had started (Lightning's launcher)."""
     when = "ended first" if peer.get("first", True) else "was gone with it"
-    return f"rank {peer['rank']} (pid {peer['pid']}) {when} ({peer['exit'] or 'exit status not seen'})"
+    how = ", ".join(filter(None, [peer["exit"] or "exit status not seen", peer.get("cause")]))
+    return f"rank {peer['rank']} (pid {peer['pid']}) {when} ({how})"
 
 
 def escape_markdown(text: str) -> str:

@@ -204,13 +204,21 @@ class VanishWatch:
     def record(self) -> dict[str, Any]:
         at_end = oom_kills()
         oom = at_end is not None and self.oom_kills_at_start is not None and at_end > self.oom_kills_at_start
+        first = [peer for peer in self.peers_ended if peer["first"]]
+        for peer in first:
+            if oom and peer["exit"] == "SIGKILL":
+                peer["cause"] = OOM_KILLER
+        if first:  # Lightning's launcher (rank 0's thread) SIGKILLs every rank when one dies
+            cause = f"killed after rank {first[0]['rank']} ended (its launcher ends every rank when one dies)"
+        else:
+            cause = OOM_KILLER if oom else UNHANDLED_SIGNAL
         record = {
             "rank": 0,
             "pid": self.pid,
             "hostname": self.hostname,
             "step": self.last_step,
             "vanished_at": time.time(),
-            "cause": OOM_KILLER if oom else UNHANDLED_SIGNAL,
+            "cause": cause,
             "oom_kills": {"at_start": self.oom_kills_at_start, "at_end": at_end},
             "memory": dict(sorted(self.memory.items())),
             "peers_ended": list(self.peers_ended),

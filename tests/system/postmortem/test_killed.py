@@ -4,6 +4,7 @@ run KILLED. `anemoi-profiler report` then works on the folder the job left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -172,3 +173,66 @@ def test_a_rank_sigkilled_under_lightnings_launcher_ends_the_run_killed_naming_i
         f"no report was written: rank 0 was killed after step {record['step']}"
     )
     assert report["sections"]["Diagnosis"]["data"]["verdicts"][0]["id"] == "killed"
+
+
+def memory_limited_cgroup(name: str, limit_bytes: int) -> Path | None:
+    """A child of this process's memory cgroup (v1, or v2 where memory is delegated) limited to `limit_bytes`;
+    None where the machine does not allow it (not root, no writable cgroup)."""
+    if os.geteuid() != 0:
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":
+            folder, limits = Path("/sys/fs/cgroup") / path.lstrip("/") / name, ("memory.max", "memory.swap.max")
+        elif "memory" in controllers.split(","):
+            limits = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / name
+        else:
+            continue
+        try:
+            folder.mkdir(exist_ok=True)
+            (folder / limits[0]).write_text(str(limit_bytes))
+        except OSError:
+            continue
+        with contextlib.suppress(OSError):  # no swap accounting: swap may slow the kill, not prevent it
+            (folder / limits[1]).write_text(str(limit_bytes) if limits[1].endswith("bytes") else "0")
+        return folder
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_the_oom_killer_in_a_memory_limited_cgroup_is_named_so(
+    tmp_path: Path, new_store: Callable[[Path], str]
+) -> None:
+    """The real thing where the machine allows it: rank 1 allocates until the kernel's OOM killer ends it."""
+    cgroup = memory_limited_cgroup(f"anemoi-profiler-test-{os.getpid()}", 2500 << 20)
+    if cgroup is None:
+        pytest.skip("no memory cgroup to limit here (not root, or cgroups not writable)")
+    uri = new_store(tmp_path / "runs" / "mlflow.db")
+    paths = [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    job_command = [
+        *(sys.executable, str(FAULT_JOB), "--devices", "2", "--max-steps", "60", "--step-ms", "20"),
+        *("--kill-rank", "1", "--kill-at-step", str(KILL_AT_STEP), "--kill-by-oom"),
+        *("--slow-rank", "0", "--slow-ms", "20000", "--slow-from-step", str(KILL_AT_STEP)),
+        *("--output-dir", str(tmp_path / "runs"), "--tracking-uri", uri, "log_every_n_steps=5"),
+    ]
+    enter = f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"'
+    try:
+        job = subprocess.run(["sh", "-c", enter, "sh", *job_command], env=env, timeout=300, capture_output=True)
+        assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+        folder = only_run_folder(tmp_path / "runs")
+        run = wait_until_ended(uri, 60)
+        assert no_process_left(folder)
+    finally:
+        deadline = time.monotonic() + 30
+        while cgroup.exists() and time.monotonic() < deadline:
+            try:
+                cgroup.rmdir()
+            except OSError:
+                time.sleep(0.5)  # its last process is still exiting
+    assert run.info.status == "KILLED"  # type: ignore[attr-defined]
+    record = json.loads((folder / "postmortem" / "killed_rank0.json").read_text())
+    assert record["oom_kills"]["at_end"] > record["oom_kills"]["at_start"]
+    assert "rank 1" in record["cause"]
+    assert "the kernel's OOM killer" in run.data.tags["mlflow.note.content"]  # type: ignore[attr-defined]
