@@ -41,10 +41,12 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def the_run(uri: str) -> object:
+def the_run(uri: str) -> object | None:
+    """The store's one run; None before the sender created it (it may still be importing MLflow)."""
     client = MlflowClient(uri)
-    (run,) = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
-    return run
+    runs = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
+    assert len(runs) <= 1, runs
+    return runs[0] if runs else None
 
 
 def wait_until_ended(uri: str, deadline_s: float) -> object:
@@ -52,7 +54,8 @@ def wait_until_ended(uri: str, deadline_s: float) -> object:
     deadline = time.monotonic() + deadline_s
     while True:
         run = the_run(uri)
-        if run.info.status != "RUNNING" or time.monotonic() > deadline:  # type: ignore[attr-defined]
+        if (run is not None and run.info.status != "RUNNING") or time.monotonic() > deadline:  # type: ignore[attr-defined]
+            assert run is not None, "no run in the store"
             return run
         time.sleep(0.5)
 
