@@ -104,12 +104,12 @@ def _rank_of(pid: int) -> str | None:
 
 
 def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                found.update(int(child) for child in (task / "children").read_text().split())
-    return found
+    """The children that `pid`'s main thread started (where Lightning's launcher starts the other ranks): one read
+    of /proc, not one per thread."""
+    try:
+        return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except (OSError, ValueError):
+        return set()
 
 
 class VanishWatch:
@@ -162,12 +162,14 @@ class VanishWatch:
             if alive:
                 for child in _children(self.pid) - set(self._peers) - {os.getpid()}:
                     rank = _rank_of(child)
-                    if rank is not None and rank != self._own_rank:
+                    if rank not in (None, "0", self._own_rank):  # not a DataLoader worker, not a tracker
                         self._peers[child] = rank
             for child, rank in list(self._peers.items()):
                 ended = exit_status(child)
                 if ended is not None or not Path(f"/proc/{child}").exists():
                     del self._peers[child]
+                    if ended == "exit code 0":
+                        continue  # it finished: nothing to tell
                     peer = {"rank": int(rank), "pid": child, "exit": ended, "first": alive, "at": time.time()}
                     self.peers_ended.append(peer)
             if not alive:  # the parent is gone: the peers it had are told as they are now, once
