@@ -34,6 +34,7 @@ from anemoi_profiler.run_files.postmortem_files import (
     KILLED,
     TAG,
     escape_markdown,
+    headline,
     killed_path,
     killed_summary,
     kinds,
@@ -81,7 +82,7 @@ def exit_status(pid: int) -> str | None:
     except OSError:
         return None
     fields = stat[stat.rfind(")") + 2 :].split()
-    if not fields or fields[0] != "Z" or len(fields) < 50:
+    if not fields or fields[0] != "Z" or len(fields) < 50 or not fields[-1].isdigit():
         return None
     status = int(fields[-1])  # exit_code, as waitpid reports it
     number = status & 0x7F
@@ -129,16 +130,22 @@ class VanishWatch:
         self._own_rank = _rank_of(self.pid)
         self._peers: dict[int, str] = {}
         self._stop = threading.Event()
-        threading.Thread(target=self._watch_peers, name="anemoi-profiler-peers", daemon=True).start()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch_peers, name="anemoi-profiler-peers", daemon=True)
+        self._thread.start()
 
     def noting(self, target: Target) -> Target:
-        """`target`, noting each batch as it goes (`replay_spool` then deletes the files)."""
+        """`target`, noting what MLflow took of each batch (`replay_spool` then deletes the files; what it did not
+        take is written back and noted when sent, or by `finish`)."""
         watch = self
 
         class Noting:
             def send(self, batch: Batch) -> None:
-                watch.note(batch)
-                target.send(batch)
+                metrics = list(batch.metrics)
+                try:
+                    target.send(batch)  # removes from the front what MLflow took, also when it fails midway
+                finally:
+                    watch.note(Batch(metrics=metrics[: len(metrics) - len(batch.metrics)]))
 
         return Noting()
 
@@ -162,8 +169,15 @@ class VanishWatch:
             if alive:
                 for child in _children(self.pid) - set(self._peers) - {os.getpid()}:
                     rank = _rank_of(child)
-                    if rank not in (None, "0", self._own_rank):  # not a DataLoader worker, not a tracker
+                    if rank and rank.isdigit() and rank not in ("0", self._own_rank):  # no worker, no tracker
                         self._peers[child] = rank
+            self._sweep(alive)
+            if not alive:
+                return
+
+    def _sweep(self, alive: bool) -> None:
+        """Note the peers that ended; `alive`: whether the training process was still there to see it."""
+        with self._lock:
             for child, rank in list(self._peers.items()):
                 ended = exit_status(child)
                 if ended is not None or not Path(f"/proc/{child}").exists():
@@ -172,13 +186,13 @@ class VanishWatch:
                         continue  # it finished: nothing to tell
                     peer = {"rank": int(rank), "pid": child, "exit": ended, "first": alive, "at": time.time()}
                     self.peers_ended.append(peer)
-            if not alive:  # the parent is gone: the peers it had are told as they are now, once
-                return
 
     def finish(self, target: Target) -> Path | None:
         """The training process vanished: the record, metrics.json, and the run ended as KILLED (through the spool
         when MLflow does not take it now: `anemoi-profiler sync` sends it). Never raises."""
         self._stop.set()
+        self._thread.join(2 * PEER_POLL_S)
+        self._sweep(alive=False)  # the peers it had, as they are now (the launcher may have reaped them)
         try:
             for path in pending_batches(self.spool_dir):  # not sent: MLflow away at the last pass
                 with contextlib.suppress(OSError, ValueError, TypeError):
@@ -194,7 +208,10 @@ class VanishWatch:
             record, path = self.record(), None
         found = kinds(self.run_dir) or [KILLED]
         batch = Batch(tags={TAG: ",".join(found)}, terminate="KILLED")
-        batch.description = f"{DESCRIPTION_HEADING}\n\n{escape_markdown(record['summary'])}."
+        said = headline(self.run_dir) or ""  # a stall told before stays in the description
+        if record["summary"] not in said:  # the disk refused the record
+            said = "; ".join(filter(None, [record["summary"], said]))
+        batch.description = f"{DESCRIPTION_HEADING}\n\n{escape_markdown(said)}."
         try:
             target.send(batch)
         except Exception as error:
