@@ -18,7 +18,8 @@ launcher. Pass profiler options as `key=value` after the flags, e.g. `distribute
 does; `--slow-rank R --slow-ms MS` makes one rank sleep that much longer in every training step (a straggler the
 others wait for; from step N on with `--slow-from-step N`), and
 `--slow-data-rank R --slow-data-ms MS` makes one rank's dataloader slow; `--fail-on-rank R --fail-at-step N` makes
-one rank raise, to see the job end instead of hanging; with
+one rank raise, to see the job end instead of hanging; `--kill-rank R --kill-at-step N` makes one rank SIGKILL
+itself (what the kernel's OOM killer does; with `--kill-by-oom` it allocates until the OOM killer ends it); with
 `DDP_TRAIN_DUMP_STACKS_AFTER_S=S` in the environment every process prints its Python stacks after S seconds,
 which shows where a process waits if it ever does.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -57,6 +59,10 @@ class SmallRegressor(pl.LightningModule):
         slow_rank: int | None = None,
         slow_s: float = 0.0,
         slow_from_step: int = 0,
+        kill_rank: int | None = None,
+        kill_at_step: int = 0,
+        kill_mark: str | None = None,
+        kill_by_oom: bool = False,
     ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(FEATURES, width), nn.ReLU(), nn.Linear(width, 1))
@@ -66,6 +72,10 @@ class SmallRegressor(pl.LightningModule):
         self.slow_rank = slow_rank
         self.slow_s = slow_s
         self.slow_from_step = slow_from_step
+        self.kill_rank = kill_rank
+        self.kill_at_step = kill_at_step
+        self.kill_mark = kill_mark
+        self.kill_by_oom = kill_by_oom
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -73,6 +83,14 @@ class SmallRegressor(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_rank == self.fail_on_rank and self.global_step >= self.fail_at_step:
             raise RuntimeError(f"injected failure on rank {self.global_rank} at step {self.global_step}")
+        if self.global_rank == self.kill_rank and self.global_step >= self.kill_at_step:
+            if self.kill_mark:
+                with open(self.kill_mark, "w") as mark:
+                    mark.write(repr(time.time()))
+            hog = []
+            while self.kill_by_oom:  # until the kernel's OOM killer ends it (run it in a memory-limited cgroup)
+                hog.append(b"\1" * (64 << 20))
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does: no Python runs after it
         if self.step_s:
             time.sleep(self.step_s)
         if self.global_rank == self.slow_rank and self.global_step >= self.slow_from_step:
@@ -154,6 +172,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-weights", help="rank 0 saves the trained weights to this file (torch.save)")
     parser.add_argument("--fail-on-rank", type=int, help="global rank that raises in training_step")
     parser.add_argument("--fail-at-step", type=int, default=5, help="step at which --fail-on-rank raises")
+    parser.add_argument("--kill-rank", type=int, help="global rank that SIGKILLs itself in training_step")
+    parser.add_argument("--kill-at-step", type=int, default=25, help="step at which --kill-rank is killed")
+    parser.add_argument(
+        "--kill-by-oom", action="store_true", help="--kill-rank allocates host memory until the OOM killer ends it"
+    )
+    parser.add_argument("--kill-mark", help="file where --kill-rank writes the time of its kill (time.time())")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="profiler config overrides")
     return parser.parse_args(argv)
 
@@ -238,6 +262,10 @@ def main(argv: list[str] | None = None) -> None:
         slow_rank=args.slow_rank,
         slow_s=args.slow_ms / 1000,
         slow_from_step=args.slow_from_step,
+        kill_rank=args.kill_rank,
+        kill_at_step=args.kill_at_step,
+        kill_mark=args.kill_mark,
+        kill_by_oom=args.kill_by_oom,
     )
     trainer.fit(model, train, val)
     if args.save_weights and trainer.global_rank == 0:

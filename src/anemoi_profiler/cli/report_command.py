@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from anemoi_profiler.report_sections import ReportSection, RunReport, plain_table
 from anemoi_profiler.reports.diagnosis import TITLE as DIAGNOSIS_TITLE
 from anemoi_profiler.reports.diagnosis import Outcome, assess, render_section
 from anemoi_profiler.reports.run_data import RunData, RunFolderError, load_run
-from anemoi_profiler.run_files.postmortem_files import kinds
+from anemoi_profiler.run_files.layout import METRICS_FILE, SPOOL_DIR, STEPS_FILE
+from anemoi_profiler.run_files.postmortem_files import headline, kinds, read_records
 from anemoi_profiler.tracking.run_download import RunDownloadError, resolve_run
+from anemoi_profiler.tracking.spool import pending_batches, read_batch
 
 NAME = "report"
 HELP = "regenerate a run's diagnosis, report.txt/json and report.html"
@@ -37,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         folder = resolve_run(args.target, args.tracking_uri, Path(args.output or f"report_{args.target}"))
         loaded = load_run(folder)  # refuses a folder that is no run folder before anything is written
+        if not loaded.header:  # no report.json: its processes died before their report
+            loaded.metrics = loaded.metrics or spooled_metrics(loaded.folder)
+            loaded.header = _killed_header(loaded)
         outcomes = assess(loaded)
         written = regenerate_reports(loaded, outcomes)
     except (RunDownloadError, RunFolderError, OSError) as error:
@@ -56,7 +62,7 @@ def regenerate_reports(run: RunData, outcomes: dict[str, Outcome]) -> list[Path]
     )
 
     written = []
-    header = dict(run.header) or _killed_header(run)
+    header = dict(run.header)
     if header or run.sections:
         sections = [render_section(outcomes)]  # the diagnosis opens the report
         sections += [
@@ -70,8 +76,48 @@ def regenerate_reports(run: RunData, outcomes: dict[str, Outcome]) -> list[Path]
 
 
 def _killed_header(run: RunData) -> dict[str, str]:
-    """The header of a run whose processes were killed before its report, as its post-mortem says it; none for a
-    run without one."""
-    if not kinds(run.folder):
-        return {}
-    return {"run folder": str(run.folder), "status": "ended before its report: its processes were killed"}
+    """The header of a run whose processes died before its report: what stopped them, as its post-mortem says
+    it, and what the report is made from instead (`missing`)."""
+    header = {"run folder": str(run.folder), "status": "ended before its report: its processes were killed"}
+    if found := headline(run.folder):
+        header["postmortem"] = found
+    killed = read_records(run.folder, "killed_rank*.json")
+    if killed:
+        first = min(killed, key=lambda record: record["rank"])
+        step = "before its first logged step" if first.get("step") is None else f"after step {first['step']}"
+        what = f"rank {first['rank']} was killed {step}"
+    elif kinds(run.folder):
+        what = "its processes were killed"
+    else:
+        what = "its processes ended before it"
+        header["status"] = "ended before its report"
+    made_from = [name for name in (STEPS_FILE, METRICS_FILE) if (run.folder / name).is_file()]
+    spooled = _spooled(run.folder)
+    if spooled:
+        made_from.append(
+            f"{len(spooled)} spooled batch(es) never sent to MLflow (anemoi-profiler sync {run.folder} sends them)"
+        )
+    header["missing"] = f"no report was written: {what}; made from " + (
+        ", ".join(made_from) if made_from else "the post-mortem alone (no metrics were kept)"
+    )
+    return header
+
+
+def _spooled(folder: Path) -> list[Path]:
+    return [path for spool in sorted((folder / SPOOL_DIR).glob("rank*")) for path in pending_batches(spool)]
+
+
+def spooled_metrics(folder: Path) -> dict[str, dict[str, list[Any]]]:
+    """metrics.json's form of the points spooled for MLflow and never sent: what a run whose sender died too left."""
+    history: dict[str, dict[str, list[Any]]] = {}
+    for path in _spooled(folder):
+        try:
+            batch = read_batch(path)
+        except (OSError, ValueError, TypeError):
+            continue
+        for key, value, timestamp_ms, step in batch.metrics:
+            points = history.setdefault(key, {"step": [], "value": [], "time": []})
+            points["step"].append(int(step))
+            points["value"].append(float(value))
+            points["time"].append(timestamp_ms / 1000)
+    return history

@@ -35,10 +35,12 @@ from anemoi_profiler.postmortem.watchdog import Progress, StallWatchdog, merge_e
 from anemoi_profiler.profiling import torch_private
 from anemoi_profiler.run_files.layout import flight_recorder_prefix, signal_path
 from anemoi_profiler.run_files.postmortem_files import (
+    DESCRIPTION_HEADING,
     OUT_OF_MEMORY,
     SIGNAL,
     STALL,
     TAG,
+    escape_markdown,
     headline,
     kinds,
     read_stalls,
@@ -49,7 +51,6 @@ from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 
-HEADING = "**anemoi-profiler: post-mortem**"
 CLOSE_TIMEOUT_S = 30.0
 """Longest wait for MLflow before a signal's default action ends the process (a scheduler's grace is ~30 s)."""
 FLIGHT_RECORDER_ENTRIES = "2000"
@@ -215,7 +216,7 @@ class PostmortemRecorder:
             return
         try:
             self.sink.set_tags({TAG: ",".join(self._kinds)})
-            self.sink.set_description(f"{HEADING}\n\n{_escape(what)}.")
+            self.sink.set_description(f"{DESCRIPTION_HEADING}\n\n{escape_markdown(what)}.")
         except Exception as error:
             log.warning("could not tell MLflow (%s): %s: %s", what, type(error).__name__, error)
 
@@ -280,9 +281,3 @@ def _recording_history() -> bool:
         return bool(torch_private.memory_snapshot().get("device_traces"))
     except Exception:
         return False
-
-
-def _escape(text: str) -> str:
-    for character in "\\`*_[]<>|#":
-        text = text.replace(character, "\\" + character)
-    return text

@@ -8,13 +8,23 @@ from typing import Any
 
 from anemoi_profiler.reports.outcome import Verdict
 from anemoi_profiler.reports.run_data import RunData
-from anemoi_profiler.run_files.postmortem_files import OUT_OF_MEMORY, STALL, read_records, read_stalls, stopped
+from anemoi_profiler.run_files.postmortem_files import (
+    KILLED,
+    OUT_OF_MEMORY,
+    STALL,
+    peer_ended,
+    read_records,
+    read_stalls,
+    stopped,
+)
 
 
 def postmortems(run: RunData) -> dict[str, Verdict]:
     """The post-mortems of the run folder as verdicts: none for a run that nothing stopped or held."""
     found: dict[str, Verdict] = {}
-    for name, check in (("out of memory", out_of_memory), ("signal", signals), ("stall", stalls)):
+    # a kill last: how the run ended; a stall before it says where it was held
+    checks = (("out of memory", out_of_memory), ("signal", signals), ("stall", stalls), ("killed", killed))
+    for name, check in checks:
         try:
             verdict = check(run)
         except (KeyError, TypeError, ValueError) as error:  # a record of another version: said, never raised
@@ -104,3 +114,28 @@ def signals(run: RunData) -> Verdict | None:
         message = f"{first['signal']} arrived and the run went on (the handler that was there decided)"
     next_step = "A scheduler's time limit sends SIGTERM: resume from the last checkpoint, or ask for more time"
     return Verdict("stopped-by-signal", "stopped by signal", "high", value, message + ".", next_step)
+
+
+def killed(run: RunData) -> Verdict | None:
+    """A process that vanished without a chance to speak, as the MLflow sender beside it saw it."""
+    records = read_records(run.folder, "killed_rank*.json")
+    if not records:
+        return None
+    first = min(records, key=lambda record: record["rank"])
+    step = "before its first logged step" if first.get("step") is None else f"after step {first['step']}"
+    value = f"rank {first['rank']} {step}: {first['cause']}"
+    message = f"The MLflow sender beside rank {first['rank']} (pid {first['pid']} on {first['hostname']}) saw it vanish"
+    for peer in first.get("peers_ended") or []:
+        message += f"; {peer_ended(peer)}"
+    memory = first.get("memory") or {}
+    if memory:
+        figures = ", ".join(f"{key} {value:.0f}" for key, value in memory.items())
+        message += f"; rank {first['rank']}'s last memory figures: {figures}"
+    if "OOM killer" in first["summary"]:
+        next_step = "Host memory ran out: fewer DataLoader workers, smaller samples in memory, or more memory per task"
+    else:
+        next_step = (
+            "Look for what killed it: a peer's death under Lightning's launcher (it kills every rank), the "
+            "scheduler's log, or `dmesg` for the OOM killer where the job's cgroup does not count it"
+        )
+    return Verdict(KILLED, "killed", "high", value, message + ".", next_step)

@@ -1,4 +1,5 @@
-"""The files of postmortem/ in a run folder: stalls with every rank side by side, out-of-memory errors, signals.
+"""The files of postmortem/ in a run folder: stalls with every rank side by side, out-of-memory errors, signals,
+processes killed without a chance to speak (written by the MLflow sender, `tracking.vanished`).
 
 Torch-free: the watchdog merges the ranks' parts of a stall with `merge_stall` while the job hangs, and the
 reports read the records back (`reports.postmortem_verdicts` turns them into the diagnosis's first verdicts).
@@ -13,9 +14,11 @@ from typing import Any
 
 from anemoi_profiler.run_files.layout import POSTMORTEM_DIR, stall_part_path
 
-STALL, OUT_OF_MEMORY, SIGNAL = "stall", "out-of-memory", "signal"
+STALL, OUT_OF_MEMORY, SIGNAL, KILLED = "stall", "out-of-memory", "signal", "killed"
 """Values of the MLflow tag `profiler.postmortem`."""
 TAG = "profiler.postmortem"
+DESCRIPTION_HEADING = "**anemoi-profiler: post-mortem**"
+"""The first line of the run's description while a post-mortem speaks (before the report's diagnosis)."""
 GRADIENT_ALL_REDUCE = "gradient all-reduce"
 """The phase of a rank in DDP's backward whose last gradient bucket's all-reduce has not completed."""
 
@@ -137,9 +140,37 @@ def read_records(folder: Path, pattern: str) -> list[dict[str, Any]]:
     return records
 
 
+def killed_path(folder: Path, rank: int) -> Path:
+    """The record of rank `rank`'s process killed without a chance to speak."""
+    return Path(folder) / POSTMORTEM_DIR / f"killed_rank{rank}.json"
+
+
+def killed_summary(record: dict[str, Any]) -> str:
+    """`rank 0 (pid 12 on node1) vanished after step 25: killed by ...; rank 1 (pid 13) ended first (SIGKILL)`."""
+    step = "before its first logged step" if record.get("step") is None else f"after step {record['step']}"
+    said = f"rank {record['rank']} (pid {record['pid']} on {record['hostname']}) vanished {step}: {record['cause']}"
+    for peer in record.get("peers_ended") or []:
+        said += f"; {peer_ended(peer)}"
+    return said
+
+
+def peer_ended(peer: dict[str, Any]) -> str:
+    """`rank 1 (pid 13) ended first (SIGKILL)`: a rank the vanished process had started (Lightning's launcher)."""
+    when = "ended first" if peer.get("first", True) else "was gone with it"
+    how = ", ".join(filter(None, [peer["exit"] or "exit status not seen", peer.get("cause")]))
+    return f"rank {peer['rank']} (pid {peer['pid']}) {when} ({how})"
+
+
+def escape_markdown(text: str) -> str:
+    for character in "\\`*_[]<>|#":
+        text = text.replace(character, "\\" + character)
+    return text
+
+
 def kinds(folder: Path) -> list[str]:
     """The `profiler.postmortem` values a run folder has records for."""
     found = [(STALL, "stall_*.json"), (OUT_OF_MEMORY, "oom_rank*.json"), (SIGNAL, "signal_rank*.json")]
+    found.append((KILLED, "killed_rank*.json"))
     return [kind for kind, pattern in found if read_records(folder, pattern)]
 
 
@@ -155,6 +186,7 @@ def headline(folder: Path) -> str | None:
     signalled = read_records(folder, "signal_rank*.json")
     if signalled:
         said.append(stopped(min(signalled, key=lambda record: record["rank"])))
+    said += [record["summary"] for record in read_records(folder, "killed_rank*.json")]
     stalls = read_stalls(folder)
     if stalls:
         said.append(f"{len(stalls)} stall{'s' if len(stalls) > 1 else ''}, the last {stalls[-1]['summary']}")

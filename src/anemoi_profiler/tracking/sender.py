@@ -13,6 +13,8 @@ credentials: never on a command line), the batches a full disk refused, and the 
 then the child sends what is left, once, and ends. The training process waits for that at most
 `tracking.close_timeout_s`, then kills it. Stdin also closes when the training process is gone, however it ended:
 the child then makes its last pass within the same deadline and ends, so it never outlives the training for long.
+Gone without the close (SIGKILL, the OOM killer, a crash), it also ends the run as KILLED and writes the record of
+the vanished process (`vanished`).
 
 A failed attempt is not retried inside MLflow (no HTTP retries: a server that refuses connections is known away
 at once); the child tries again every `retry_interval_s`, and the spool keeps everything meanwhile. Its stdout
@@ -49,6 +51,7 @@ from anemoi_profiler.tracking.spool import (
     write_batch,
     write_run_info,
 )
+from anemoi_profiler.tracking.vanished import VanishWatch
 
 CHILD_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 """MLflow retries a failed request up to 7 times with growing pauses (minutes against a server that refuses
@@ -168,6 +171,7 @@ class _Stdin:
         self.memory = Batch()
         self.lock = threading.Lock()
         self.closed = threading.Event()
+        self.told_closed = False  # the training process said so: it did not vanish
         self.gone = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -178,6 +182,7 @@ class _Stdin:
                 with self.lock:
                     self.memory.merge(Batch.from_dict(message["batch"]))
             if message.get("close"):
+                self.told_closed = True
                 self.closed.set()
         self.gone.set()
         self.closed.set()
@@ -221,6 +226,7 @@ def serve(spool_dir: Path) -> None:
 
     threading.Thread(target=end_by_the_deadline, daemon=True).start()
     target = MlflowTarget(spool_dir, setup["tracking_uri"])
+    watch = VanishWatch(spool_dir)
     next_try = 0.0
     while True:
         closing = stdin.closed.is_set()  # before the files are listed: those written before the close are seen
@@ -232,7 +238,7 @@ def serve(spool_dir: Path) -> None:
                     target.save_info()
                 target.ensure_run()
                 status.update(run_id=target.run_id, experiment_id=target.info.get("experiment_id"))
-                replay_spool(spool_dir, target)
+                replay_spool(spool_dir, watch.noting(target))
                 stdin.send_memory(target)
                 target.relay_request()  # a window request in the run's tags, to the run folder
                 status.update(state="up", reason=None, experiment_id=target.info.get("experiment_id"))
@@ -243,6 +249,8 @@ def serve(spool_dir: Path) -> None:
             if closing:
                 break
         stdin.closed.wait(max(0.0, next_try - time.monotonic()))
+    if not stdin.told_closed:  # SIGKILL, the OOM killer, a crash: no one else will end the run
+        watch.finish(target)
     _keep_memory(spool_dir, stdin, status)
 
 
