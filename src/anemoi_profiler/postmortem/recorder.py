@@ -42,14 +42,15 @@ from anemoi_profiler.run_files.postmortem_files import (
     headline,
     kinds,
     read_stalls,
+    stall_told,
     stopped,
+    told,
 )
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.trainer import trainer_info
 
 log = get_logger(__name__)
 
-HEADING = "**anemoi-profiler: post-mortem**"
 CLOSE_TIMEOUT_S = 30.0
 """Longest wait for MLflow before a signal's default action ends the process (a scheduler's grace is ~30 s)."""
 FLIGHT_RECORDER_ENTRIES = "2000"
@@ -173,7 +174,7 @@ class PostmortemRecorder:
 
     def _on_stall(self, merged: dict[str, Any]) -> None:
         if self.rank == 0:
-            self._tell(STALL, merged["summary"] + f" (postmortem/stall_{merged['episode']}.json)")
+            self._tell(STALL, stall_told(merged))
 
     def _on_signal(self, signum: signal.Signals, frame: FrameType | None, ends: bool) -> None:
         assert self.run_dir is not None
@@ -215,7 +216,7 @@ class PostmortemRecorder:
             return
         try:
             self.sink.set_tags({TAG: ",".join(self._kinds)})
-            self.sink.set_description(f"{HEADING}\n\n{_escape(what)}.")
+            self.sink.set_description(told(what))
         except Exception as error:
             log.warning("could not tell MLflow (%s): %s: %s", what, type(error).__name__, error)
 
@@ -280,9 +281,3 @@ def _recording_history() -> bool:
         return bool(torch_private.memory_snapshot().get("device_traces"))
     except Exception:
         return False
-
-
-def _escape(text: str) -> str:
-    for character in "\\`*_[]<>|#":
-        text = text.replace(character, "\\" + character)
-    return text

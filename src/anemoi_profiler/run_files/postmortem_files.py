@@ -7,6 +7,7 @@ reports read the records back (`reports.postmortem_verdicts` turns them into the
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from anemoi_profiler.run_files.layout import POSTMORTEM_DIR, stall_part_path
 STALL, OUT_OF_MEMORY, SIGNAL = "stall", "out-of-memory", "signal"
 """Values of the MLflow tag `profiler.postmortem`."""
 TAG = "profiler.postmortem"
+HEADING = "**anemoi-profiler: post-mortem**"
+"""The run's description while the job stalls or is stopped, before its report replaces it."""
 GRADIENT_ALL_REDUCE = "gradient all-reduce"
 """The phase of a rank in DDP's backward whose last gradient bucket's all-reduce has not completed."""
 
@@ -102,6 +105,30 @@ def stall_summary(merged: dict[str, Any]) -> str:
     if not merged["holding_ranks"] and not merged["waiting_ranks"]:
         said += [f"rank {part['rank']} in {part['phase']} at {part['frame']}" for part in merged["ranks"]]
     return f"stalled after step {merged['last_step']}: " + "; ".join(said)
+
+
+def stall_told(merged: dict[str, Any]) -> str:
+    """What the run's description says of a stall while the job hangs."""
+    return merged["summary"] + f" ({POSTMORTEM_DIR}/stall_{merged['episode']}.json)"
+
+
+def told(what: str) -> str:
+    """The run's description while the job hangs: the heading and one line (Markdown)."""
+    return f"{HEADING}\n\n{escape_markdown(what)}."
+
+
+def escape_markdown(text: str) -> str:
+    for character in "\\`*_[]<>|#":
+        text = text.replace(character, "\\" + character)
+    return text
+
+
+def write_record(path: Path, value: Any) -> None:
+    """Whole or not at all: another rank, or the MLflow sender, may read it at any moment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(temporary, path)
 
 
 # ---- reading a run folder ----
