@@ -93,6 +93,8 @@ class StallWatchdog:
         if self._native_wanted:
             native = NativeStacks(self.run_dir, self.rank, self.world_size, self.training_thread)
             self._native = native if native.open() else None
+        self._seen, self._since = self.progress.finished(), time.monotonic()
+        self._arm()  # armed before training goes on: a wedge at the first step is seen too
         self._thread.start()
 
     def stop(self) -> None:
@@ -123,8 +125,6 @@ class StallWatchdog:
             log.warning("the stall watchdog stopped: %s: %s", type(error).__name__, error)
 
     def _watch(self) -> None:
-        self._seen, self._since = self.progress.finished(), time.monotonic()
-        self._arm()
         while not self._stop.wait(WAKE_S):
             self._tick()
 
