@@ -47,7 +47,7 @@ def poll(condition: Callable[[], Any], until: float) -> Any:
     return None
 
 
-@pytest.mark.soak  # about a minute: a fit, a 14 s wedge, the end of the run
+@pytest.mark.slow  # 25 s on an idle machine, a minute on a loaded one: a fit, a 14 s wedge, the run's end
 def test_a_step_wedged_with_the_gil_held_is_recorded_and_tagged_while_it_is_wedged(
     tmp_path: Path, new_store: Callable[[Path], str]
 ) -> None:
