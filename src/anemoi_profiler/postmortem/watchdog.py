@@ -102,15 +102,14 @@ class StallWatchdog:
         timer is cancelled."""
         self._stop.set()
         self._thread.join(timeout=5.0)
-        if self._thread.is_alive():
-            return  # it still holds the timer: left armed rather than raced (the process ends soon)
         try:
+            if self._thread.is_alive():
+                return  # stuck in a record: its part stays as it is; the timer is cancelled all the same
             if self._part is not None or (self._native is not None and self._native.written()):
                 self._tick()
         finally:
             if self._native is not None:
-                self._native.close()
-                self._native = None
+                self._native.close()  # inert from now on, also for a watchdog thread still running
 
     def threshold_s(self) -> float:
         if self.stall_after_s != "auto":
