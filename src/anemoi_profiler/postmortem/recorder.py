@@ -35,16 +35,16 @@ from anemoi_profiler.postmortem.watchdog import Progress, StallWatchdog, merge_e
 from anemoi_profiler.profiling import torch_private
 from anemoi_profiler.run_files.layout import flight_recorder_prefix, signal_path
 from anemoi_profiler.run_files.postmortem_files import (
-    DESCRIPTION_HEADING,
     OUT_OF_MEMORY,
     SIGNAL,
     STALL,
     TAG,
-    escape_markdown,
     headline,
     kinds,
     read_stalls,
+    stall_told,
     stopped,
+    told,
 )
 from anemoi_profiler.tracking.sink import TrackingSink
 from anemoi_profiler.trainer import trainer_info
@@ -174,7 +174,7 @@ class PostmortemRecorder:
 
     def _on_stall(self, merged: dict[str, Any]) -> None:
         if self.rank == 0:
-            self._tell(STALL, merged["summary"] + f" (postmortem/stall_{merged['episode']}.json)")
+            self._tell(STALL, stall_told(merged))
 
     def _on_signal(self, signum: signal.Signals, frame: FrameType | None, ends: bool) -> None:
         assert self.run_dir is not None
@@ -216,7 +216,7 @@ class PostmortemRecorder:
             return
         try:
             self.sink.set_tags({TAG: ",".join(self._kinds)})
-            self.sink.set_description(f"{DESCRIPTION_HEADING}\n\n{escape_markdown(what)}.")
+            self.sink.set_description(told(what))
         except Exception as error:
             log.warning("could not tell MLflow (%s): %s: %s", what, type(error).__name__, error)
 

@@ -7,11 +7,15 @@ training thread is, every thread's stack, the last finished step) and merges eve
 run folder, which every rank writes to already (traces, window summaries): each rank merges what it finds, on
 each wake while the stall lasts, so the last part in completes the file. When batches finish again, each rank
 adds how long the stall lasted. It never stops or aborts the job.
+
+A step wedged in C code that keeps the interpreter lock stops this thread too: `native_stacks` keeps
+faulthandler's C timer armed a little past the threshold, re-armed here on each wake that sees progress; its dump
+is recorded by the MLflow sender while the job is wedged, and taken here as the episode's part once this thread
+runs again (one episode, not two).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -22,9 +26,10 @@ from statistics import median
 from typing import Any
 
 from anemoi_profiler.logs import get_logger
+from anemoi_profiler.postmortem.native_stacks import MARGIN_S, NativeStacks
 from anemoi_profiler.postmortem.stacks import BACKWARD, describe, phase_of, thread_stacks, user_frame
 from anemoi_profiler.run_files.layout import stall_part_path, stall_path
-from anemoi_profiler.run_files.postmortem_files import GRADIENT_ALL_REDUCE, merge_stall, read_parts
+from anemoi_profiler.run_files.postmortem_files import GRADIENT_ALL_REDUCE, merge_stall, read_parts, write_record
 
 log = get_logger(__name__)
 
@@ -63,7 +68,9 @@ class StallWatchdog:
         progress: Progress,
         on_stall: Callable[[dict[str, Any]], None] = lambda merged: None,
         dump_flight_recorder: Callable[[Path], dict[str, Any] | None] = lambda path: None,
+        native_stacks: bool = True,
     ) -> None:
+        """`native_stacks`: arm faulthandler's C timer too, for a wedge that stops this thread."""
         self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
         self.stall_after_s = stall_after_s
         self.progress = progress
@@ -77,18 +84,32 @@ class StallWatchdog:
         """This rank's part of the stall going on."""
         self._merged_parts = 0
         self._seen, self._since = 0, time.monotonic()
+        self._native_wanted = native_stacks
+        self._native: NativeStacks | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="anemoi-profiler-watchdog", daemon=True)
 
     def start(self) -> None:
+        if self._native_wanted:
+            native = NativeStacks(self.run_dir, self.rank, self.world_size, self.training_thread)
+            self._native = native if native.open() else None
+        self._seen, self._since = self.progress.finished(), time.monotonic()
+        self._arm()  # armed before training goes on: a wedge at the first step is seen too
         self._thread.start()
 
     def stop(self) -> None:
-        """At the end of training: a stall that ended since the last wake gets its length."""
+        """At the end of training: a stall (or a wedge) that ended since the last wake gets its length; the C
+        timer is cancelled."""
         self._stop.set()
         self._thread.join(timeout=5.0)
-        if not self._thread.is_alive() and self._part is not None:
-            self._tick()
+        try:
+            if self._thread.is_alive():
+                return  # stuck in a record: its part stays as it is; the timer is cancelled all the same
+            if self._part is not None or (self._native is not None and self._native.written()):
+                self._tick()
+        finally:
+            if self._native is not None:
+                self._native.close()  # inert from now on, also for a watchdog thread still running
 
     def threshold_s(self) -> float:
         if self.stall_after_s != "auto":
@@ -103,12 +124,30 @@ class StallWatchdog:
             log.warning("the stall watchdog stopped: %s: %s", type(error).__name__, error)
 
     def _watch(self) -> None:
-        self._seen, self._since = self.progress.finished(), time.monotonic()
         while not self._stop.wait(WAKE_S):
             self._tick()
 
+    def _arm(self) -> None:
+        """Push faulthandler's timer back: the run moved, a wedge from now on is the next episode."""
+        if self._native is not None:
+            self._native.arm(self.episodes + 1, self.threshold_s() + MARGIN_S, self.progress.step(), self._seen)
+
     def _tick(self) -> None:
         finished, now = self.progress.finished(), time.monotonic()
+        if self._part is None and self._native is not None and (wedged := self._native.wedge()) is not None:
+            # This thread could not run (the interpreter lock held): the C timer's dump is the episode's part.
+            self.episodes = wedged["episode"]
+            self._part = wedged
+            self._write_part(wedged)
+            self._merged_parts = 0
+            log.warning(
+                "rank %d: no Python thread could run for %.0f s, after step %d; the training thread was in %s at %s",
+                self.rank,
+                wedged["stalled_for_s"],
+                wedged["last_step"],
+                wedged["phase"],
+                wedged["frame"],
+            )
         part = self._part
         if finished != self._seen:
             if part is not None:  # the run moved on: how long it stood still stays in the record
@@ -117,8 +156,11 @@ class StallWatchdog:
                 self._merge(part["episode"])
                 self._part = None
             self._seen, self._since = finished, now
+            self._arm()
             return
         if part is None and now - self._since >= self.threshold_s():
+            if self._native is not None:
+                self._native.disarm()  # this thread records it: the C timer would be a second record
             self.episodes += 1
             part = self._part = self._record(self.episodes, now - self._since)
             self._write_part(part)
@@ -181,7 +223,4 @@ def merge_episode(run_dir: Path, episode: int, world_size: int) -> dict[str, Any
 
 def write_json(path: Path, value: Any) -> None:
     """Whole or not at all: another rank may read it at any moment."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(temporary, path)
+    write_record(path, value)

@@ -15,6 +15,8 @@
   postmortem/stall_<k>.json  postmortem/stall_<k>/rank<r>.json     (a stall: all ranks, and each rank's part)
   postmortem/oom_rank<r>.json  postmortem/oom_rank<r>.pickle  postmortem/signal_rank<r>.json
   postmortem/flight_recorder/rank_<r>  postmortem/stall_<k>/flight_recorder/rank_<r>     (Flight Recorder dumps)
+  postmortem/faulthandler_rank<r>.txt     (only while training: faulthandler's armed dump, see below)
+  postmortem/stall_<k>/rank<r>_faulthandler.txt     (that dump, once it was written: a wedged process's stacks)
 ```
 
 The MLflow run holds the same files under `ARTIFACT_ROOT/`, except the spool. Torch-free: the command line
@@ -138,6 +140,21 @@ def oom_path(run_dir: Path, rank: int, suffix: str = ".json") -> Path:
 
 def signal_path(run_dir: Path, rank: int) -> Path:
     return run_dir / POSTMORTEM_DIR / f"signal_rank{rank}.json"
+
+
+def faulthandler_path(run_dir: Path, rank: int) -> Path:
+    """Where faulthandler's C timer writes every thread's stack when a rank's process cannot run Python (the
+    interpreter lock held); the MLflow sender watches for it (`faulthandler_paths`)."""
+    return run_dir / POSTMORTEM_DIR / f"faulthandler_rank{rank}.txt"
+
+
+def faulthandler_paths(run_dir: Path) -> list[Path]:
+    return sorted((Path(run_dir) / POSTMORTEM_DIR).glob("faulthandler_rank*.txt"))
+
+
+def wedged_dump_path(run_dir: Path, episode: int, rank: int) -> Path:
+    """A dump that was written, kept beside the rank's part of the stall it belongs to."""
+    return run_dir / POSTMORTEM_DIR / f"stall_{episode}" / f"rank{rank}_faulthandler.txt"
 
 
 def flight_recorder_prefix(run_dir: Path) -> Path:

@@ -8,6 +8,7 @@ reports read the records back (`reports.postmortem_verdicts` turns them into the
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from anemoi_profiler.run_files.layout import POSTMORTEM_DIR, stall_part_path
 STALL, OUT_OF_MEMORY, SIGNAL, KILLED = "stall", "out-of-memory", "signal", "killed"
 """Values of the MLflow tag `profiler.postmortem`."""
 TAG = "profiler.postmortem"
-DESCRIPTION_HEADING = "**anemoi-profiler: post-mortem**"
-"""The first line of the run's description while a post-mortem speaks (before the report's diagnosis)."""
+HEADING = "**anemoi-profiler: post-mortem**"
+"""The run's description while the job stalls or is stopped, before its report replaces it."""
 GRADIENT_ALL_REDUCE = "gradient all-reduce"
 """The phase of a rank in DDP's backward whose last gradient bucket's all-reduce has not completed."""
 
@@ -107,6 +108,30 @@ def stall_summary(merged: dict[str, Any]) -> str:
     return f"stalled after step {merged['last_step']}: " + "; ".join(said)
 
 
+def stall_told(merged: dict[str, Any]) -> str:
+    """What the run's description says of a stall while the job hangs."""
+    return merged["summary"] + f" ({POSTMORTEM_DIR}/stall_{merged['episode']}.json)"
+
+
+def told(what: str) -> str:
+    """The run's description while the job hangs: the heading and one line (Markdown)."""
+    return f"{HEADING}\n\n{escape_markdown(what)}."
+
+
+def escape_markdown(text: str) -> str:
+    for character in "\\`*_[]<>|#":
+        text = text.replace(character, "\\" + character)
+    return text
+
+
+def write_record(path: Path, value: Any) -> None:
+    """Whole or not at all: another rank, or the MLflow sender, may read it at any moment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(temporary, path)
+
+
 # ---- reading a run folder ----
 def read_parts(folder: Path, episode: int) -> list[dict[str, Any]]:
     """The ranks' parts of stall `episode` (a part being written, or cut by a kill, is left out)."""
@@ -159,12 +184,6 @@ def peer_ended(peer: dict[str, Any]) -> str:
     when = "ended first" if peer.get("first", True) else "was gone with it"
     how = ", ".join(filter(None, [peer["exit"] or "exit status not seen", peer.get("cause")]))
     return f"rank {peer['rank']} (pid {peer['pid']}) {when} ({how})"
-
-
-def escape_markdown(text: str) -> str:
-    for character in "\\`*_[]<>|#":
-        text = text.replace(character, "\\" + character)
-    return text
 
 
 def kinds(folder: Path) -> list[str]:

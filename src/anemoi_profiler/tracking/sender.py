@@ -52,6 +52,7 @@ from anemoi_profiler.tracking.spool import (
     write_run_info,
 )
 from anemoi_profiler.tracking.vanished import VanishWatch
+from anemoi_profiler.tracking.wedge_watch import POLL_S, WedgeWatch
 
 CHILD_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 """MLflow retries a failed request up to 7 times with growing pauses (minutes against a server that refuses
@@ -227,6 +228,7 @@ def serve(spool_dir: Path) -> None:
     threading.Thread(target=end_by_the_deadline, daemon=True).start()
     target = MlflowTarget(spool_dir, setup["tracking_uri"])
     watch = VanishWatch(spool_dir)
+    wedges = WedgeWatch(spool_dir)  # a training process that holds the interpreter lock cannot record its stall
     next_try = 0.0
     while True:
         closing = stdin.closed.is_set()  # before the files are listed: those written before the close are seen
@@ -248,7 +250,8 @@ def serve(spool_dir: Path) -> None:
                 next_try = time.monotonic() + setup["retry_interval_s"]
             if closing:
                 break
-        stdin.closed.wait(max(0.0, next_try - time.monotonic()))
+        wedges.poll(target)
+        stdin.closed.wait(min(POLL_S, max(0.0, next_try - time.monotonic())))
     if not stdin.told_closed:  # SIGKILL, the OOM killer, a crash: no one else will end the run
         watch.finish(target)
     _keep_memory(spool_dir, stdin, status)

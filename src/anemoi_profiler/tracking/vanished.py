@@ -30,14 +30,13 @@ from anemoi_profiler.logs import get_logger
 from anemoi_profiler.run_files.layout import METRICS_FILE
 from anemoi_profiler.run_files.metrics_file import MetricHistory
 from anemoi_profiler.run_files.postmortem_files import (
-    DESCRIPTION_HEADING,
     KILLED,
     TAG,
-    escape_markdown,
     headline,
     killed_path,
     killed_summary,
     kinds,
+    told,
 )
 from anemoi_profiler.tracking.records import Batch
 from anemoi_profiler.tracking.spool import Target, pending_batches, read_batch, write_batch
@@ -211,7 +210,7 @@ class VanishWatch:
         said = headline(self.run_dir) or ""  # a stall told before stays in the description
         if record["summary"] not in said:  # the disk refused the record
             said = "; ".join(filter(None, [record["summary"], said]))
-        batch.description = f"{DESCRIPTION_HEADING}\n\n{escape_markdown(said)}."
+        batch.description = told(said)
         try:
             target.send(batch)
         except Exception as error:
