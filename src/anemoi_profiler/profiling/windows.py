@@ -58,6 +58,9 @@ class ProfilingWindows:
         self.timeline_seconds: float | None = None
         self._timeline_tried = False
         self._active: dict[str, int] = {}
+        self.closed: list[tuple[str, int]] = []  # (stage, window) of every finished window, in order
+        self.end_held_s: dict[tuple[str, int], float] = {}
+        """Per finished window: how long its end held the training thread (`note_end_held`)."""
         self._step: int | None = None  # the trainer's global step at the latest batch end
 
     def open(self, stage: str, schedule: WindowSchedule, batch: int) -> WindowRecorder:
@@ -93,6 +96,7 @@ class ProfilingWindows:
     def _on_window(self, prof: Any, stage: str, steps: int) -> None:
         window = self.completed[stage]
         self.completed[stage] += 1
+        self.closed.append((stage, window))
         trace = None if self.traces is None else self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.summaries is not None:
             self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
@@ -108,6 +112,14 @@ class ProfilingWindows:
         if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
             self._timeline_tried = True
             self.timeline_seconds = export_memory_timeline(prof, self.timeline_path, self.device)
+
+    def note_end_held(self, closed_before: int, seconds: float) -> list[tuple[str, int]]:
+        """The windows that finished since `closed_before` (a length of `closed`) held the training thread
+        `seconds` at their end; returns them."""
+        ended = self.closed[closed_before:]
+        for key in ended:
+            self.end_held_s[key] = seconds
+        return ended
 
     @property
     def operator_tables(self) -> list[WindowOperators]:
