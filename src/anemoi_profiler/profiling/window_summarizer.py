@@ -48,18 +48,32 @@ class WindowSummaries:
         self.in_process = reads_in_process()
         self._helper = SummaryHelper() if helper else None
 
+    @property
+    def uses_helper(self) -> bool:
+        """Windows with a trace file are summarised in the helper process."""
+        return self._helper is not None
+
     def submit(
-        self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None, step: int | None = None
+        self,
+        stage: str,
+        window: int,
+        results: Any,
+        trace: Future[Path | None] | None = None,
+        step: int | None = None,
+        temporary: bool = False,
     ) -> None:
         """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background; `step`:
         the trainer's global step after the window's last batch, kept as the summary's `step`.
 
         `trace`: the window's trace file being written (its path, None if it was not), which a torch that
-        cannot read the events in process reads instead (kineto saves a window only once).
+        cannot read the events in process reads instead (kineto saves a window only once); `temporary`: the
+        trace was exported for the summary alone and is removed once read.
         """
         names_path = self._names_path((stage, window)) if self._names_path is not None else None
         if trace is not None and self._helper is not None:
-            future = self._executor.submit(self._summarize_in_helper, kineto_results(results), trace, names_path)
+            future = self._executor.submit(
+                self._summarize_in_helper, kineto_results(results), trace, names_path, temporary
+            )
         elif self.in_process:
             future = self._executor.submit(_summarize_in_process, kineto_results(results), names_path)
         else:
@@ -99,18 +113,26 @@ class WindowSummaries:
         if self._helper is not None:
             self._helper.close()
 
-    def _summarize_in_helper(self, results: Any, trace: Future[Path | None], names_path: Path | None) -> WindowSummary:
+    def _summarize_in_helper(
+        self, results: Any, trace: Future[Path | None], names_path: Path | None, temporary: bool
+    ) -> WindowSummary:
         """The summary of the window's trace file, made in the helper; where it cannot, on this thread."""
         assert self._helper is not None
         path = trace.result()
-        if path is not None:
-            try:
-                return _with_names(self._helper.summarize(path), names_path)
-            except HelperError as error:
-                log.warning_once(self._said, "helper", "window summaries are read in the training process: %s", error)
-        if self.in_process:
-            return _summarize_in_process(results, names_path)
-        return _summarize_saved(results, trace, names_path)
+        try:
+            if path is not None:
+                try:
+                    return _with_names(self._helper.summarize(path), names_path)
+                except HelperError as error:
+                    log.warning_once(
+                        self._said, "helper", "window summaries are read in the training process: %s", error
+                    )
+            if self.in_process:
+                return _summarize_in_process(results, names_path)
+            return _summarize_saved(results, trace, names_path)
+        finally:
+            if temporary and path is not None:
+                path.unlink(missing_ok=True)
 
 
 def write_kernel_names(path: Path, summary: WindowSummary) -> None:

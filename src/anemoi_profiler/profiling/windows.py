@@ -11,7 +11,10 @@ stall the training loop where the window closes. Until then a window keeps only 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import Counter
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +102,10 @@ class ProfilingWindows:
         self.closed.append((stage, window))
         trace = None if self.traces is None else self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.summaries is not None:
-            self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
+            if trace is None and self.summaries.uses_helper:  # traces off: one export, read by the helper
+                self.summaries.submit(stage, window, prof.profiler, _exported(prof), step=self._step, temporary=True)
+            else:
+                self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
         if self.options.time_report or self.options.memory_report:
             events = None
             if cycles_share_one_profiler():  # torch 2.4 parsed the window's events at its end: counting is free
@@ -142,3 +148,17 @@ class ProfilingWindows:
             self.traces.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def _exported(prof: Any) -> Future[Path | None]:
+    """The window exported to a temporary Chrome trace for the summary's helper alone (it removes it)."""
+    handle, name = tempfile.mkstemp(prefix="anemoi-profiler-window-", suffix=".json")
+    os.close(handle)
+    exported: Future[Path | None] = Future()
+    try:
+        prof.export_chrome_trace(name)
+    except Exception:
+        os.unlink(name)
+        raise
+    exported.set_result(Path(name))
+    return exported
