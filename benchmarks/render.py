@@ -23,6 +23,7 @@ def render(results: dict[str, Any]) -> str:
     lines += render_hta(results.get("hta_scaling"))
     lines += render_detailed(results.get("detailed_preset"))
     lines += render_short_run(results.get("short_run"))
+    lines += render_window_end(results.get("window_end"))
     lines += ["", "Targets"]
     for target in results["targets"]:
         value = "n/a" if target["value"] is None else f"{target['value']:.3g}"
@@ -223,6 +224,25 @@ def render_short_run(section: dict[str, Any] | None) -> list[str]:
         f"{delivered['metrics'] - len(delivered['absent'])}/{delivered['metrics']} metrics; "
         f"spool left behind: {delivered['spool_left']}",
     ]
+
+
+def render_window_end(section: dict[str, Any] | None) -> list[str]:
+    if not section or "end_ms_median" not in section:
+        return note_lines("Window end", section)
+    ends, sizes = section["end_ms_median"], section["sizes"]
+    lines = [
+        "",
+        f"Window end ({sizes['layers']} Linear(8, 8)+ReLU layers, {sizes['active']} active steps, "
+        f"{section['repetitions']} alternated repetitions; medians)",
+        f"  the window's end: ours {ends['ours']:.0f} ms, torch.profiler alone {ends['torch']:.0f} ms: "
+        f"{section['end_ratio']:.2f}x (target <= {section['targets']['end_ratio_at_most']})",
+        f"  longest of the {sizes['after']} steps after: ours {section['ours_after_max_ms_median']:.0f} ms "
+        f"(within {section['targets']['after_step_at_most_ms']}: {section['ours_after_within_bound']}), "
+        f"torch alone {section['torch_after_max_ms_median']:.0f} ms",
+        "  ours on the training thread (ms): "
+        + ", ".join(f"{part} {ms:.0f}" for part, ms in section["ours_parts_ms_median"].items()),
+    ]
+    return lines
 
 
 def note_lines(title: str, section: dict[str, Any] | None) -> list[str]:

@@ -4,7 +4,8 @@
 
 Sections: step-time overhead (configurations interleaved, ratio to bare), throughput accuracy, MLflow sink
 cost on the training thread (sqlite and a slow HTTP server), trace export and size, end-of-run report cost,
-HTA analysis time against the number of ranks, the detailed preset end to end. Progress goes to stderr; the
+HTA analysis time against the number of ranks, the detailed preset end to end, a window's end against torch.profiler
+alone (`window_end.py`). Progress goes to stderr; the
 tables and the status of each target are printed last; everything measured goes to the JSON file. See
 docs/benchmarks.md.
 """
@@ -38,10 +39,11 @@ from short_run import short_run
 from slow_proxy import MlflowServer
 from targets import check_targets
 from trace_sections import detailed_preset_check, hta_scaling, trace_and_report_cost
+from window_end import window_end
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "traces" / "h200_single_gpu" / "rank-0.pt.trace.json.gz"
-SECTIONS = ("overhead", "sink", "trace", "hta", "detailed", "short")
+SECTIONS = ("overhead", "sink", "trace", "hta", "detailed", "short", "window_end")
 H200_BASELINE = {
     "bare_step_ms": 23.96,
     "ThroughputMonitor_ratio": 1.105,
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                     work_dir, mode.short_spec, device, mode.short_repetitions, mode.short_script_repetitions
                 ),
             )
+        if "window_end" in sections:
+            section("window_end", lambda: window_end(work_dir, mode_name, 1 if mode_name == "quick" else 2))
         if "hta" in sections:
             fixture = hta_source(args.fixture)
             section("hta_scaling", lambda: hta_scaling(fixture, mode.hta_ranks, mode.hta_time_limit_s, work_dir))

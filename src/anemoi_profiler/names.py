@@ -21,6 +21,12 @@ def window_spread(stage: str, field: str, statistic: str) -> str:
     return f"{WINDOW}{stage}/{field}_{statistic}"
 
 
+def window_end_held(stage: str) -> str:
+    """`window/<stage>/end_held_ms`: how long a window's end held rank 0's training thread (torch's stop, the
+    trace export, handing the window over), at the step after the window's last batch."""
+    return f"{WINDOW}{stage}/end_held_ms"
+
+
 def all_in(metric: str) -> str:
     """The end-of-run rate over every batch after the warmup and every second of it (profiling windows, slow
     stretches, the profiler's own work and epoch starts in): `throughput/train/samples_per_sec` ->

@@ -18,7 +18,7 @@ from torch import nn
 from torch.profiler import ProfilerAction
 from torch.utils.data import DataLoader, TensorDataset
 
-from anemoi_profiler import ProfilerConfig, wait_for_mlflow
+from anemoi_profiler import ProfilerConfig, names, wait_for_mlflow
 from anemoi_profiler.callbacks.torch_profiler import TorchProfilerCallback
 from anemoi_profiler.profiling.durations import Reservoir
 from anemoi_profiler.profiling.schedule import WindowSchedule
@@ -204,6 +204,20 @@ def test_report_sections(profiled_run: Path) -> None:
     assert any(t.startswith("Memory by operator (val") for t in titles)
     assert "Lightning hooks in profiling windows" in titles
     assert "How to read this table" in (profiled_run / "report.txt").read_text()
+
+
+def test_windows_table_says_how_long_each_end_held_the_training_thread(profiled_run: Path) -> None:
+    section = json.loads((profiled_run / "report.json").read_text())["sections"]["Profiling windows"]
+    column = section["columns"].index("end held (ms)")
+    assert [(row[0], row[1]) for row in section["rows"]] == [("train", 0), ("train", 1), ("val", 0), ("val", 1)]
+    assert all(float(row[column]) > 0 for row in section["rows"])
+    listed = json.loads((profiled_run / "windows.json").read_text())["windows"]
+    assert all(entry["end_held_ms"] > 0 for entry in listed)
+    history = json.loads((profiled_run / "metrics.json").read_text())
+    train, val = history[names.window_end_held("train")], history[names.window_end_held("val")]
+    assert train["step"] == [5, 9]  # the global step after each window's last batch (batches 3-4 and 7-8)
+    assert len(val["value"]) == 2
+    assert all(value > 0 for value in train["value"] + val["value"])
 
 
 def test_trace_budget_warns_and_never_writes_an_oversized_trace(

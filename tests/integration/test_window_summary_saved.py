@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -71,3 +72,26 @@ def test_a_torch_before_2_12_summarises_every_window_from_the_saved_trace(
         assert row["rank"] == 0 and row["steps"] == 3 and row["host_busy_pct"] > 0
     written = sorted(p.name for p in (run_dir / "traces" / "train").glob("window_*/*")) if traces == "true" else []
     assert written == (["rank0.pt.trace.json.gz"] * 2 if traces == "true" else [])
+
+
+def test_with_traces_off_the_helper_reads_a_copy_exported_for_it_and_removes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+
+    def not_in_the_training_process(*args: object) -> None:
+        raise AssertionError("a window was read in the training process")
+
+    monkeypatch.setattr(window_summaries, "_summarize_in_process", not_in_the_training_process)
+    with caplog.at_level(logging.WARNING):
+        run_dir = fit(tmp_path / "runs", "false")
+    assert "could not summarise" not in caplog.text  # the helper summarised every window
+    for window in (0, 1):
+        table = json.loads(
+            (run_dir / "window_summaries" / "train" / f"window_{window}" / "window_summary.json").read_text()
+        )
+        assert table["ranks"][0]["steps"] == 3 and table["ranks"][0]["host_busy_pct"] > 0
+    assert not list(temporary.glob("anemoi-profiler-window-*"))
+    assert not (run_dir / "traces").exists() or not list((run_dir / "traces").rglob("*.gz"))

@@ -31,6 +31,7 @@ SECTIONS = (
     "hta_scaling",
     "detailed_preset",
     "short_run",
+    "window_end",
 )
 
 
@@ -78,6 +79,7 @@ def test_quick_harness_writes_every_section(dry_run: tuple[subprocess.CompletedP
         assert results["sink_cost"][store]["hooks"]["batches"] > 0, results["sink_cost"][store]
     assert results["sink_cost"]["slow_server"]["proxied_requests"] > 0
     assert results["trace_cost"]["ours"]["trace_gz_bytes"] > 0
+    assert all(held > 0 for held in results["window_end"]["fits"]["ours"][0]["end_held_ms"])
     assert results["trace_cost"]["lightning"]["trace_json_bytes"] > 0
     assert results["report_cost"]["build_reports_s"] is not None
     assert results["hta_scaling"].get("runs") or results["hta_scaling"]["note"].startswith("skipped")

@@ -12,6 +12,7 @@ import math
 import time
 from typing import Any
 
+from anemoi_profiler import names
 from anemoi_profiler.callbacks.base import ProfilerCallback, guarded
 from anemoi_profiler.callbacks.memory_snapshot import WindowSnapshot
 from anemoi_profiler.clock import STAGES, unwrapped
@@ -159,7 +160,7 @@ class TorchProfilerCallback(ProfilerCallback):
 
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._stop("train")
+        self._timed_stop("train", trainer_info.global_step(trainer))
 
     # ---- validation: each run counts its own batches; the sanity check is never profiled ----
     @guarded
@@ -206,7 +207,7 @@ class TorchProfilerCallback(ProfilerCallback):
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self._stop("val")
+        self._timed_stop("val", trainer_info.global_step(trainer))
         self._val_profiled = False
 
     # ---- windows ----
@@ -234,10 +235,30 @@ class TorchProfilerCallback(ProfilerCallback):
         if recorder is None:
             return
         finished = self._batches[stage] - 1
+        closed_before, started = len(self._windows.closed), time.perf_counter()
         with self.session.own_work.measure():  # closing a window, trace export: not training time
             self._windows.batch_ended(recorder, finished, step)
             if finished + 1 >= self._spans[stage][1]:
                 self._stop(stage)
+        self._note_end_held(closed_before, started, step)
+
+    def _timed_stop(self, stage: str, step: int) -> None:
+        """Stop the stage's profiler at the end of its run; a window it cuts short ends here."""
+        if self._windows is None:
+            self._stop(stage)
+            return
+        closed_before, started = len(self._windows.closed), time.perf_counter()
+        self._stop(stage)
+        self._note_end_held(closed_before, started, step)
+
+    def _note_end_held(self, closed_before: int, started: float, step: int) -> None:
+        """Say how long the windows that ended since `started` held the training thread: windows.json, the
+        report's windows table and, from rank 0, `window/<stage>/end_held_ms` (no device sync: wall time)."""
+        assert self._windows is not None
+        held_s = time.perf_counter() - started
+        for stage, _ in self._windows.note_end_held(closed_before, held_s):
+            if self.session.is_global_zero:
+                self.session.log_metrics({names.window_end_held(stage): held_s * 1000}, step=step)
 
     def _open_triggered(self, batch: int) -> None:
         """Open the pending triggered window at `batch` on the ranks it names; every rank numbers it the same.
@@ -278,7 +299,8 @@ class TorchProfilerCallback(ProfilerCallback):
         assert self.session.run_dir is not None
         plans = self._watch.plans if self._watch is not None else []
         active = {stage: schedule.active for stage, schedule in self._configured_schedules().items()}
-        entries = window_entries(self.session.run_dir, plans, active, self._device_type)
+        held = self._windows.end_held_s if self._windows is not None else {}
+        entries = window_entries(self.session.run_dir, plans, active, self._device_type, held)
         write_windows(self.session.run_dir, entries)
         return entries
 

@@ -18,6 +18,7 @@ from anemoi_profiler.profiling.window_events import WindowEvents, WindowEventsBu
 _CHUNK_CHARS = 1 << 20
 _EVENTS_KEY = '"traceEvents"'
 _SKIP = " \t\r\n,"
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceReadError(ValueError):
@@ -25,8 +26,11 @@ class TraceReadError(ValueError):
 
 
 def open_trace(path: Path) -> IO[str]:
-    """A trace file as text, gzipped or not (as `profiling.traces.open_trace`, which imports torch)."""
-    return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
+    """A trace file as text, gzipped or not, whatever its name (a held trace of `profiler.traces: flagged` ends in
+    `.gz.held`)."""
+    with open(path, "rb") as file:
+        gzipped = file.read(2) == _GZIP_MAGIC
+    return gzip.open(path, "rt") if gzipped else open(path)
 
 
 def iter_trace_events(file: IO[str], source: str = "trace") -> Iterator[dict]:

@@ -1,7 +1,10 @@
-"""Each finished window summarised on a thread of its own, from torch's results: the training loop only hands over.
+"""Each finished window summarised off the training thread and, with a trace, off its GIL: the loop only hands over.
 
-Reading torch's events is Python work proportional to the window's events; done where the window closes it
-would stall the next training step, so one background thread does it. The exchange takes the finished ones
+Reading a window's events is Python work proportional to its events; done where the window closes it would
+stall the next training step, and in a thread of the training process it holds the GIL that the training thread
+waits for. So one background thread hands a window with a trace file to the helper process (`window_helper`),
+which reads the trace, and waits for its reply; a window without a trace (`profiler.traces: false`), or one the
+helper could not summarise, is read from torch's results on that thread. The exchange takes the finished ones
 at a training interval (`ready`, `take`) and the rest at the session's end (`collect`). A window that cannot
 be summarised is left out with one warning; training never sees it. The same thread writes the window's
 kernel-name table (the names behind the hashes the exchange sends) before the window counts as ready, so the
@@ -24,6 +27,7 @@ from anemoi_profiler.profiling.kineto_events import (
 )
 from anemoi_profiler.profiling.torch_private import kineto_results
 from anemoi_profiler.profiling.trace_stream import read_window_events
+from anemoi_profiler.profiling.window_helper import HelperError, SummaryHelper
 from anemoi_profiler.profiling.window_summary import WindowSummary, summarize
 
 log = get_logger(__name__)
@@ -33,26 +37,44 @@ WindowKey = tuple[str, int]
 
 
 class WindowSummaries:
-    def __init__(self, names_path: Callable[[WindowKey], Path] | None = None) -> None:
-        """`names_path`: where a window's kernel-name table goes (None: not written)."""
+    def __init__(self, names_path: Callable[[WindowKey], Path] | None = None, helper: bool = True) -> None:
+        """`names_path`: where a window's kernel-name table goes (None: not written); `helper`: windows with a
+        trace are summarised in the helper process (False: on the summary thread)."""
         self._names_path = names_path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anemoi-profiler-summary")
         self._pending: dict[WindowKey, Future[WindowSummary]] = {}
         self._steps: dict[WindowKey, int | None] = {}
         self._said: set[object] = set()
         self.in_process = reads_in_process()
+        self._helper = SummaryHelper() if helper else None
+
+    @property
+    def uses_helper(self) -> bool:
+        """Windows with a trace file are summarised in the helper process."""
+        return self._helper is not None
 
     def submit(
-        self, stage: str, window: int, results: Any, trace: Future[Path | None] | None = None, step: int | None = None
+        self,
+        stage: str,
+        window: int,
+        results: Any,
+        trace: Future[Path | None] | None = None,
+        step: int | None = None,
+        temporary: bool = False,
     ) -> None:
         """Summarise `results` (the window's `torch.profiler.profile(...).profiler`) in the background; `step`:
         the trainer's global step after the window's last batch, kept as the summary's `step`.
 
         `trace`: the window's trace file being written (its path, None if it was not), which a torch that
-        cannot read the events in process reads instead (kineto saves a window only once).
+        cannot read the events in process reads instead (kineto saves a window only once); `temporary`: the
+        trace was exported for the summary alone and is removed once read.
         """
         names_path = self._names_path((stage, window)) if self._names_path is not None else None
-        if self.in_process:
+        if trace is not None and self._helper is not None:
+            future = self._executor.submit(
+                self._summarize_in_helper, kineto_results(results), trace, names_path, temporary
+            )
+        elif self.in_process:
             future = self._executor.submit(_summarize_in_process, kineto_results(results), names_path)
         else:
             future = self._executor.submit(_summarize_saved, kineto_results(results), trace, names_path)
@@ -86,8 +108,31 @@ class WindowSummaries:
         return self.take(list(self._pending))
 
     def close(self) -> None:
-        """Let the summaries under way finish: `collect` may still be called after."""
+        """Let the summaries under way finish, then end the helper: `collect` may still be called after."""
         self._executor.shutdown(wait=True)
+        if self._helper is not None:
+            self._helper.close()
+
+    def _summarize_in_helper(
+        self, results: Any, trace: Future[Path | None], names_path: Path | None, temporary: bool
+    ) -> WindowSummary:
+        """The summary of the window's trace file, made in the helper; where it cannot, on this thread."""
+        assert self._helper is not None
+        path = trace.result()
+        try:
+            if path is not None:
+                try:
+                    return _with_names(self._helper.summarize(path), names_path)
+                except HelperError as error:
+                    log.warning_once(
+                        self._said, "helper", "window summaries are read in the training process: %s", error
+                    )
+            if self.in_process:
+                return _summarize_in_process(results, names_path)
+            return _summarize_saved(results, trace, names_path)
+        finally:
+            if temporary and path is not None:
+                path.unlink(missing_ok=True)
 
 
 def write_kernel_names(path: Path, summary: WindowSummary) -> None:

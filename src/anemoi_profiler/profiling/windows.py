@@ -11,7 +11,10 @@ stall the training loop where the window closes. Until then a window keeps only 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import Counter
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,9 @@ class ProfilingWindows:
         self.timeline_seconds: float | None = None
         self._timeline_tried = False
         self._active: dict[str, int] = {}
+        self.closed: list[tuple[str, int]] = []  # (stage, window) of every finished window, in order
+        self.end_held_s: dict[tuple[str, int], float] = {}
+        """Per finished window: how long its end held the training thread (`note_end_held`)."""
         self._step: int | None = None  # the trainer's global step at the latest batch end
 
     def open(self, stage: str, schedule: WindowSchedule, batch: int) -> WindowRecorder:
@@ -93,9 +99,13 @@ class ProfilingWindows:
     def _on_window(self, prof: Any, stage: str, steps: int) -> None:
         window = self.completed[stage]
         self.completed[stage] += 1
+        self.closed.append((stage, window))
         trace = None if self.traces is None else self.traces.write(prof, stage, window, steps, self._active[stage])
         if self.summaries is not None:
-            self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
+            if trace is None and self.summaries.uses_helper:  # traces off: one export, read by the helper
+                self.summaries.submit(stage, window, prof.profiler, _exported(prof), step=self._step, temporary=True)
+            else:
+                self.summaries.submit(stage, window, prof.profiler, trace, step=self._step)
         if self.options.time_report or self.options.memory_report:
             events = None
             if cycles_share_one_profiler():  # torch 2.4 parsed the window's events at its end: counting is free
@@ -108,6 +118,14 @@ class ProfilingWindows:
         if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
             self._timeline_tried = True
             self.timeline_seconds = export_memory_timeline(prof, self.timeline_path, self.device)
+
+    def note_end_held(self, closed_before: int, seconds: float) -> list[tuple[str, int]]:
+        """The windows that finished since `closed_before` (a length of `closed`) held the training thread
+        `seconds` at their end; returns them."""
+        ended = self.closed[closed_before:]
+        for key in ended:
+            self.end_held_s[key] = seconds
+        return ended
 
     @property
     def operator_tables(self) -> list[WindowOperators]:
@@ -130,3 +148,17 @@ class ProfilingWindows:
             self.traces.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def _exported(prof: Any) -> Future[Path | None]:
+    """The window exported to a temporary Chrome trace for the summary's helper alone (it removes it)."""
+    handle, name = tempfile.mkstemp(prefix="anemoi-profiler-window-", suffix=".json")
+    os.close(handle)
+    exported: Future[Path | None] = Future()
+    try:
+        prof.export_chrome_trace(name)
+    except Exception:
+        os.unlink(name)
+        raise
+    exported.set_result(Path(name))
+    return exported

@@ -11,6 +11,7 @@ with its reason and evidence, in `windows.json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import mean
@@ -219,10 +220,21 @@ class TriggerWatch:
 
 
 def window_entries(
-    run_dir: Path, plans: list[WindowPlan], active: dict[str, int], device_type: str
+    run_dir: Path,
+    plans: list[WindowPlan],
+    active: dict[str, int],
+    device_type: str,
+    end_held_s: Mapping[tuple[str, int], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Every window of the run: the triggered ones from their plans, the scheduled ones from the trace folders
-    (the ranks whose trace files are there; none when traces are off)."""
+    (the ranks whose trace files are there; none when traces are off). `end_held_s`: how long each window's end
+    held this rank's training thread (`end_held_ms`, None where this rank did not record it)."""
+    held = end_held_s or {}
+
+    def held_ms(stage: str, window: int | None) -> float | None:
+        seconds = held.get((stage, window)) if window is not None else None
+        return None if seconds is None else round(seconds * 1000, 3)
+
     triggered = {("train", plan.window): plan for plan in plans}
     entries = [
         {"window": plan.window, "stage": "train", "start_batch": plan.start_batch, "start_step": plan.start_step,
@@ -230,7 +242,8 @@ def window_entries(
          "ranks": plan.ranks, "reason": plan.reason, "decided_at_step": plan.decided_at_step,
          "evidence": asdict(plan.evidence) if plan.evidence else None,
          "request": plan.request.id if plan.request else None,
-         "memory_snapshot": memory_snapshot_note(run_dir, plan, device_type) if plan.memory else None}
+         "memory_snapshot": memory_snapshot_note(run_dir, plan, device_type) if plan.memory else None,
+         "end_held_ms": held_ms("train", plan.window)}
         for plan in plans
     ]  # fmt: skip
     for folder in sorted((run_dir / TRACES_DIR).glob("*/window_*")):
@@ -242,7 +255,8 @@ def window_entries(
         entries.append(
             {"window": window, "stage": stage, "start_batch": None, "start_step": None, "steps": active.get(stage),
              "ranks": ranks,
-             "reason": "schedule", "decided_at_step": None, "evidence": None}
+             "reason": "schedule", "decided_at_step": None, "evidence": None,
+             "end_held_ms": held_ms(stage, window)}
         )  # fmt: skip
     return sorted(entries, key=lambda entry: (entry["stage"], entry["window"]))
 
@@ -263,6 +277,10 @@ def write_windows(run_dir: Path, entries: list[dict[str, Any]]) -> Path:
     return path
 
 
+WINDOW_COLUMNS = ("stage", "window", "start batch", "steps", "ranks", "reason", "evidence", "end held (ms)",
+                  "memory snapshot")  # fmt: skip
+
+
 def windows_section(entries: list[dict[str, Any]]) -> ReportSection | None:
     """The report's list of windows; the triggered ones say why."""
     if not entries:
@@ -270,14 +288,16 @@ def windows_section(entries: list[dict[str, Any]]) -> ReportSection | None:
     rows = [
         [entry["stage"], entry["window"], entry["start_batch"] if entry["start_batch"] is not None else "",
          entry["steps"], ",".join(map(str, entry["ranks"])), entry["reason"],
-         Evidence(**entry["evidence"]).describe() if entry["evidence"] else "", entry.get("memory_snapshot") or ""]
+         Evidence(**entry["evidence"]).describe() if entry["evidence"] else "",
+         "" if entry.get("end_held_ms") is None else f"{entry['end_held_ms']:.1f}", entry.get("memory_snapshot") or ""]
         for entry in entries
     ]  # fmt: skip
     triggered = sum(entry["reason"] != "schedule" for entry in entries)
     return ReportSection(
         WINDOWS_SECTION,
-        ["stage", "window", "start batch", "steps", "ranks", "reason", "evidence", "memory snapshot"],
+        list(WINDOW_COLUMNS),
         rows,
         data={"windows": entries},
-        note=f"{triggered} triggered; traces in {TRACES_DIR}/<stage>/window_<k>/, listed in {WINDOWS_FILE}",
+        note=f"{triggered} triggered; traces in {TRACES_DIR}/<stage>/window_<k>/, listed in {WINDOWS_FILE}; end held: "
+        "how long the window's end (torch's stop, the trace export, handing it over) held rank 0's training thread",
     )
