@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from anemoi_profiler import ProfilerConfig, build_callbacks, names
+from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
 from anemoi_profiler.profiling.traces import read_trace
 from anemoi_profiler.reports.description import run_description
@@ -252,6 +252,7 @@ def test_a_request_on_a_running_fit_gets_its_window_and_is_answered(
     trace = read_trace(trace_path(run_dir, "train", window["window"], 0))
     steps = sorted(e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
     assert steps == [f"ProfilerStep#{window['start_batch']}", f"ProfilerStep#{window['start_batch'] + 1}"]
+    assert wait_for_mlflow()  # an in-process fit's run is sent in the background after the fit
     mlflow_run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert mlflow_run.data.tags["profiler.triggers"] == "armed: requests; triggered windows left: 3"
     assert f"train window {window['window']} (request)" in mlflow_run.data.tags["mlflow.note.content"]

@@ -5,8 +5,9 @@ many small operators). In a thread of the training process it holds the GIL for 
 thread waits for it in the steps after the window. The helper (`python -m anemoi_profiler.profiling.
 window_helper`, without torch, at a lower CPU priority) reads the window's trace file as the `summarize` command
 does (the figures that agree with HTA) and sends the summary back; the summary thread only waits for its reply.
-It is started by the summary thread with the first window, and it exits when its input closes, so it never
-outlives the training process.
+It is started on the summary thread when the summaries are set up (its interpreter's start-up, a few tenths of a
+second of CPU at a lower priority, is over before the first window ends), and it exits when its input closes, so
+it never outlives the training process.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class SummaryHelper:
         if not isinstance(value, WindowSummary):
             raise HelperError(f"the helper sent {type(value).__name__}, not a window summary")
         return value
+
+    def start(self) -> None:
+        """Start the helper now, so that the first window's summary does not wait for its start-up."""
+        with self._lock:
+            self._started()
 
     def close(self) -> None:
         with self._lock:

@@ -47,6 +47,8 @@ class WindowSummaries:
         self._said: set[object] = set()
         self.in_process = reads_in_process()
         self._helper = SummaryHelper() if helper else None
+        if self._helper is not None:
+            self._executor.submit(self._start_helper)
 
     @property
     def uses_helper(self) -> bool:
@@ -112,6 +114,13 @@ class WindowSummaries:
         self._executor.shutdown(wait=True)
         if self._helper is not None:
             self._helper.close()
+
+    def _start_helper(self) -> None:
+        assert self._helper is not None
+        try:
+            self._helper.start()
+        except HelperError as error:  # the first window tries again, and falls back to this thread
+            log.warning_once(self._said, "helper", "window summaries are read in the training process: %s", error)
 
     def _summarize_in_helper(
         self, results: Any, trace: Future[Path | None], names_path: Path | None, temporary: bool
