@@ -34,7 +34,7 @@ wait that short is the loader's hand-over, not a starved step, and its relative 
 on a tenth of a millisecond reads +100 %)."""
 STEP_SHARE_FLOOR = 0.01
 """Nor is a change of the data wait smaller than this share of the baseline's step time: it cannot move the
-step by more than that, far under the threshold (a `compare` read +0.135 ms on a 305 ms step as a regression)."""
+step by more than that, far under the threshold (a tenth of a millisecond more on a 300 ms step is no regression)."""
 Status = Literal["regression", "improvement", ""]
 """A row's direction beyond the threshold and floors ("regression": B worse), before the gate says whether it
 is settled (`Difference.word`)."""
