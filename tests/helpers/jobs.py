@@ -110,10 +110,20 @@ def only_run_folder(output_dir: Path) -> Path:
     return folders[0]
 
 
+SENDER_GRACE_S = 60.0
+"""How long a job's MLflow sender may still be creating its run after the job ended: it outlives the training
+process by at most `tracking.close_timeout_s` (30 s), longer on a machine busy with other tests."""
+
+
 def only_run(tracking_uri: str) -> Any:
+    """The store's one run, waiting for it while the job's sender may still be creating it."""
     client = MlflowClient(tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments)
+    deadline = time.monotonic() + SENDER_GRACE_S
+    while True:
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        if runs or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(runs) == 1, [r.info.run_name for r in runs]
     return runs[0]
 

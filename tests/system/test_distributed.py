@@ -51,7 +51,9 @@ from tests.helpers.jobs import (
 def assert_global_is_sum_of_two_ranks(metrics: dict[str, float], prefix: str) -> None:
     """In DDP the ranks run in lockstep, so the sum over two ranks is about twice rank 0's device rate."""
     ratio = metrics[f"{prefix}train/samples_per_sec"] / metrics[f"{prefix}train/device/samples_per_sec"]
-    assert 1.6 < ratio < 2.4, metrics
+    # 2 for ranks in lockstep; a rank 0 that sets more of its own steps apart on a loaded machine reads above its
+    # share (1.58 seen under a load of 9 on 2 cores); one rank's rate alone would be 1
+    assert 1.5 < ratio < 2.5, metrics
     # Every rank counts BATCH_SIZE samples per batch, so the sums keep that ratio exactly.
     assert metrics[f"{prefix}train/samples_per_sec"] == pytest.approx(
         BATCH_SIZE * metrics[f"{prefix}train/batches_per_sec"], rel=1e-9

@@ -48,7 +48,9 @@ def test_fsdp2_with_the_detailed_preset_leaves_the_whole_run_folder(tmp_path: Pa
     assert "ModelParallelStrategy shards the model" in (run_dir / "model_summary.txt").read_text()
     throughput = sections(run_dir)["Throughput"]["data"]
     ratio = throughput["train/samples_per_sec"] / throughput["train/device/samples_per_sec"]
-    assert 1.6 < ratio < 2.4
+    # 2 for ranks in lockstep; a rank 0 that sets more of its own steps apart on a loaded machine reads above its
+    # share (1.58 seen under a load of 9 on 2 cores); one rank's rate alone would be 1
+    assert 1.5 < ratio < 2.5
     wait = sections(run_dir)["Ranks"]["data"]["collective wait"]
     assert wait.startswith("not assessed: ModelParallelStrategy reduces gradients with FSDP's reduce-scatter")
 

@@ -5,8 +5,8 @@ many small operators). In a thread of the training process it holds the GIL for 
 thread waits for it in the steps after the window. The helper (`python -m anemoi_profiler.profiling.
 window_helper`, without torch, at a lower CPU priority) reads the window's trace file as the `summarize` command
 does (the figures that agree with HTA) and sends the summary back; the summary thread only waits for its reply.
-It is started on the summary thread when the summaries are set up (its interpreter's start-up, a few tenths of a
-second of CPU at a lower priority, is over before the first window ends), and it exits when its input closes, so
+It is started on the summary thread when the first window opens (its interpreter's start-up, a few tenths of a
+second of CPU at a lower priority, is then over before the window ends), and it exits when its input closes, so
 it never outlives the training process.
 """
 

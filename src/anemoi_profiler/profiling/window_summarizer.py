@@ -47,8 +47,7 @@ class WindowSummaries:
         self._said: set[object] = set()
         self.in_process = reads_in_process()
         self._helper = SummaryHelper() if helper else None
-        if self._helper is not None:
-            self._executor.submit(self._start_helper)
+        self._prepared = False
 
     @property
     def uses_helper(self) -> bool:
@@ -114,6 +113,13 @@ class WindowSummaries:
         self._executor.shutdown(wait=True)
         if self._helper is not None:
             self._helper.close()
+
+    def prepare(self) -> None:
+        """A window is about to record: start the helper in the background (once), so that its start-up is
+        over before the window ends."""
+        if self._helper is not None and not self._prepared:
+            self._prepared = True
+            self._executor.submit(self._start_helper)
 
     def _start_helper(self) -> None:
         assert self._helper is not None

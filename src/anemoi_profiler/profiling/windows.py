@@ -71,6 +71,8 @@ class ProfilingWindows:
         self._active[stage] = schedule.active
         recorder = WindowRecorder(stage, schedule, self.options, self.device, self.rank_info, self._on_window)
         recorder.start(batch)
+        if self.summaries is not None:
+            self.summaries.prepare()
         if self.step_memory is not None and recorder.recording:
             self.step_memory.start_step()
         return recorder
