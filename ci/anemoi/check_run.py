@@ -23,6 +23,9 @@ from typing import Any
 
 from mlflow import MlflowClient
 
+from anemoi_profiler.run_files.layout import run_folders
+from anemoi_profiler.run_files.steps_file import NOT_STEADY, read_steps
+
 PROFILER_METRICS = (
     "throughput/train/samples_per_sec",
     "throughput/train/items_per_sec",
@@ -65,15 +68,21 @@ def clock_rates(clock: dict[str, Any], warmup: int) -> dict[str, float]:
     return {"all-in": all_in, "steady": steady}
 
 
-def steady_clock_rate(clock: dict[str, Any], warmup: int, slow_steps: set[int], every: int) -> float:
-    """samples/s by the clock over the batches the profiler counted as steady: after the warmup, outside the log
-    intervals (`every` steps, named by the step they end at; the last one ends at the last step) it set apart as
-    slow stretches; each batch's time is the gap since the batch before it, validation taken out."""
+def steady_clock_rate(
+    clock: dict[str, Any], warmup: int, slow_steps: set[int], every: int, left_out: list[bool]
+) -> float:
+    """samples/s by the clock over the batches the profiler counted as steady: after the warmup, not among those
+    `steps.json` flags as left out (`left_out`, by batch in order: a profiling window's, the profiler's own work,
+    epoch starts), outside the log intervals (`every` steps, named by the step they end at; the last one ends at
+    the last step) it set apart as slow stretches; each batch's time is the gap since the batch before it,
+    validation taken out."""
     batches, validations = clock["batches"], clock["validations"]
     last_step = batches[-1]["step"]
     samples = seconds = 0.0
-    for earlier, later in itertools.pairwise(batches[warmup - 1 :]):
+    for index, (earlier, later) in enumerate(itertools.pairwise(batches[warmup - 1 :]), start=warmup):
         if min(-(-later["step"] // every) * every, last_step) in slow_steps:
+            continue
+        if index < len(left_out) and left_out[index]:
             continue
         gap = later["t"] - earlier["t"]
         gap -= sum(
@@ -132,7 +141,10 @@ def check(args: argparse.Namespace) -> list[str]:
     slow_steps: set[int] = set()
     if "ending at step" in slow:
         slow_steps = {int(step) for step in slow.split("ending at step")[1].strip(" )").split(",")}
-    same = steady_clock_rate(clock, args.warmup, slow_steps, args.log_every)
+    folders = run_folders(args.profiler_dir)
+    series = read_steps(folders[-1]).get("train") if folders else None
+    left_out = [] if series is None else [bool(flags & NOT_STEADY) for flags in series.flags]
+    same = steady_clock_rate(clock, args.warmup, slow_steps, args.log_every, left_out)
     # Slow stretches set apart: the figure may also reach the clock's rate over the same batches.
     low, high = min(low, same * (1 - RATE_TOLERANCE)), max(high, same * (1 + RATE_TOLERANCE))
     print(
