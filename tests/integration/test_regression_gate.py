@@ -42,7 +42,7 @@ OVERRIDES = [
     "profiler.train.active=3",
 ]
 STEPS = 200
-SLOW_BLOCK_S = 0.010
+SLOW_BLOCK_S = 0.030
 """What the slowed submodule adds to a step (sleeping, as a slow kernel or a sync would): several times the model's
 own 1.5-5 ms step, so that a slowdown is called SLOWER with one run a side however a shared machine drifts
 between runs (the one-run drift floor asks for about +28 %)."""
