@@ -242,6 +242,12 @@ def render_window_end(section: dict[str, Any] | None) -> list[str]:
         "  ours on the training thread (ms): "
         + ", ".join(f"{part} {ms:.0f}" for part, ms in section["ours_parts_ms_median"].items()),
     ]
+    if "fit_end_ms_median" in section:
+        fit_end = section["fit_end_ms_median"]
+        lines.append(
+            f"  from the last batch to fit() returning: ours {fit_end['ours']:.0f} ms (reports), "
+            f"torch alone {fit_end['torch']:.0f} ms"
+        )
     return lines
 
 

@@ -130,6 +130,20 @@ TARGETS = [
         lambda r: r["short_run"]["script"]["extra_s"],
     ),
     Target(
+        "window_end_ratio",
+        "a large window's end on the training thread: ours over torch.profiler alone with one export (medians)",
+        "<=",
+        1.10,
+        lambda r: r["window_end"]["end_ratio"],
+    ),
+    Target(
+        "window_after_step_over_bound",
+        "longest step after the window over its bound max(100 ms, 5x steady step), worst fit of ours",
+        "<=",
+        1.0,
+        lambda r: r["window_end"]["ours_after_over_bound_max"],
+    ),
+    Target(
         "outside_windows_excess_pp",
         "detailed preset outside its windows vs always-on: |median ratio - 1| beyond the control's (pp)",
         "<=",
