@@ -18,6 +18,21 @@ from anemoi_profiler import ProfilerConfig, build_callbacks
 from tests.helpers.lightning_models import TinyRegressor, loaders
 
 
+def job_config(output_dir: str, overrides: tuple[str, ...]) -> ProfilerConfig:
+    """The post-mortem jobs' profiler: intervals of 4 steps, no system sampler, no console report."""
+    return ProfilerConfig.load(
+        None,
+        [
+            f"output_dir={output_dir}",
+            "log_every_n_steps=4",
+            "throughput.warmup_steps=2",
+            "system.enabled=false",
+            "report.console=false",
+            *overrides,
+        ],
+    )
+
+
 def held_here(seconds: float) -> None:
     time.sleep(seconds)
 
@@ -34,17 +49,7 @@ class HeldRank(TinyRegressor):
 
 
 def main(output_dir: str, held_rank: str, held_at_step: str, held_s: str, *overrides: str) -> None:
-    config = ProfilerConfig.load(
-        None,
-        [
-            f"output_dir={output_dir}",
-            "log_every_n_steps=4",
-            "throughput.warmup_steps=2",
-            "system.enabled=false",
-            "report.console=false",
-            *overrides,
-        ],
-    )
+    config = job_config(output_dir, overrides)
     train, _ = loaders(n_train=16 * 24)
     trainer = pl.Trainer(
         callbacks=build_callbacks(config),

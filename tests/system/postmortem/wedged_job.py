@@ -17,8 +17,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from anemoi_profiler import ProfilerConfig, build_callbacks
+from anemoi_profiler import build_callbacks
 from tests.helpers.lightning_models import TinyRegressor, loaders
+from tests.system.postmortem.stalling_job import job_config
 
 PYTHON_S = 1.5
 
@@ -41,17 +42,7 @@ class WedgedStep(TinyRegressor):
 
 
 def main(output_dir: str, wedged_at_step: str, wedged_s: str, *overrides: str) -> None:
-    config = ProfilerConfig.load(
-        None,
-        [
-            f"output_dir={output_dir}",
-            "log_every_n_steps=4",
-            "throughput.warmup_steps=2",
-            "system.enabled=false",
-            "report.console=false",
-            *overrides,
-        ],
-    )
+    config = job_config(output_dir, overrides)
     train, _ = loaders(n_train=16 * 16)
     trainer = pl.Trainer(
         callbacks=build_callbacks(config),
