@@ -33,6 +33,13 @@ def test_demo_leaves_a_run_in_the_embedded_store_and_says_how_to_open_it(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     database = (tmp_path / "out" / "mlflow.db").resolve()
     assert f"mlflow ui --backend-store-uri sqlite:///{database}" in result.stdout
+    # The printed command runs from a fresh shell, whose PATH does not have this environment's bin/.
+    (printed,) = [line.split("open it with: ", 1)[1] for line in result.stdout.splitlines() if "open it with: " in line]
+    bare = subprocess.run(
+        ["bash", "-c", f"{printed} --help"], env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bare.returncode == 0 and "--backend-store-uri" in bare.stdout, (printed, bare.stderr[-2000:])
     assert "anemoi-profiler report" in result.stdout and "Throughput" in result.stdout
     # Lightning's messages once each: a second handler on the root logger would print every one twice.
     output = result.stdout + result.stderr
