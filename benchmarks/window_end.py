@@ -8,6 +8,7 @@ Linear(8, 8) + ReLU layers, 4 samples a batch, on CPU), one training window of `
 
 - `ours`: `TorchProfilerCallback` with the profiler's default window options (shapes, memory, traces, window
   summary, time and memory reports), validation off;
+- `ours_no_reports`: the same without the time and memory reports (no `key_averages()` at the fit's end);
 - `torch`: torch.profiler alone with the same options and schedule, `export_chrome_trace` in `on_trace_ready`
   (torchtitan's way).
 
@@ -38,7 +39,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SKIP, WAIT, WARMUP = 10, 5, 2
 FIRST_ACTIVE = SKIP + WAIT + WARMUP
-KINDS = ("ours", "torch")
+KINDS = ("ours", "torch", "ours_no_reports")
+"""ours_no_reports: ours with `profiler.time_report=false profiler.memory_report=false` (no `key_averages()`)."""
 SIZES = {"full": {"layers": 150, "active": 100, "after": 60}, "quick": {"layers": 4, "active": 3, "after": 8}}
 END_RATIO_TARGET = 1.10
 HELD_FLOOR_MS, HELD_STEADY_TIMES = 100.0, 5.0
@@ -142,7 +144,10 @@ def run_child(kind: str, folder: Path, layers: int, active: int, after: int) -> 
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
     parts = _Parts()
-    callback = _ours(folder, active, parts) if kind == "ours" else _torch_alone(folder, active, parts)
+    if kind == "torch":
+        callback = _torch_alone(folder, active, parts)
+    else:
+        callback = _ours(folder, active, parts, reports=kind == "ours")
     data = DataLoader(TensorDataset(torch.randn(batches * 4, 8)), batch_size=4)
     trainer = pl.Trainer(
         max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -165,14 +170,14 @@ def run_child(kind: str, folder: Path, layers: int, active: int, after: int) -> 
         "parts_ms": dict(parts.ms),
         "fit_end_ms": fit_end_ms,
     }
-    if kind == "ours":
+    if kind != "torch":
         (run_dir,) = [path for path in (folder / "runs").iterdir() if path.is_dir()]
         windows = json.loads((run_dir / "windows.json").read_text())["windows"]
         fit["end_held_ms"] = [entry.get("end_held_ms") for entry in windows]
     (folder / "fit.json").write_text(json.dumps(fit, indent=1))
 
 
-def _ours(folder: Path, active: int, parts: _Parts) -> Any:
+def _ours(folder: Path, active: int, parts: _Parts, reports: bool = True) -> Any:
     import torch
 
     from anemoi_profiler import ProfilerConfig
@@ -194,6 +199,7 @@ def _ours(folder: Path, active: int, parts: _Parts) -> Any:
             "profiler.enabled=true", "profiler.validation=false", f"profiler.train.skip_first={SKIP}",
             f"profiler.train.wait={WAIT}", f"profiler.train.warmup={WARMUP}", f"profiler.train.active={active}",
             "profiler.train.repeat=1",
+            *(() if reports else ("profiler.time_report=false", "profiler.memory_report=false")),
         ],
     )  # fmt: skip
     return TorchProfilerCallback(config)
