@@ -29,6 +29,7 @@ from anemoi_profiler.profiling.traces import (
     read_trace,
     write_ranked_trace,
 )
+from anemoi_profiler.profiling.windows import MAX_TABLED_WINDOWS
 
 pytestmark = pytest.mark.stack  # on every tested stack (ci/matrix)
 
@@ -281,6 +282,23 @@ def test_conflicting_lightning_pytorch_profiler_disables_ours_and_training_goes_
     folder = run_folder(tmp_path / "runs")
     assert not (folder / "traces").exists()
     assert not (folder / "time_report.csv").exists()
+
+
+def test_windows_past_the_tabled_ones_get_no_operator_rows_and_the_report_says_so(tmp_path: Path) -> None:
+    """A window past the first MAX_TABLED_WINDOWS is not parsed (no key_averages() at its end, on the training
+    thread, nor its raw results kept): its trace has every operator, the report names it."""
+    overrides = ["profiler.train.skip_first=0", "profiler.train.wait=0", "profiler.train.warmup=1"]
+    overrides += ["profiler.train.active=1", "profiler.train.repeat=0", "profiler.validation=false"]
+    fit(config_for(tmp_path, *overrides), num_sanity_val_steps=0, max_epochs=2)
+    folder = run_folder(tmp_path)
+    assert len(list((folder / "traces" / "train").iterdir())) == 10  # a window every 2 of the 20 batches
+    report = json.loads((folder / "time_report.json").read_text())
+    assert [w["window"] for w in report["windows"]] == list(range(MAX_TABLED_WINDOWS))
+    memory = json.loads((folder / "memory_report.json").read_text())
+    assert [w["window"] for w in memory["windows"]] == list(range(MAX_TABLED_WINDOWS))
+    data = json.loads((folder / "report.json").read_text())["sections"]["Torch profiler"]["data"]
+    assert data["train windows"] == 10
+    assert data["windows without operator tables"].startswith("train 8, train 9: ")
 
 
 def test_schedule_longer_than_the_run_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -25,7 +25,7 @@ from anemoi_profiler.profiling.op_tables import (
     top_by_time,
 )
 from anemoi_profiler.profiling.traces import traces_mb
-from anemoi_profiler.profiling.windows import ProfilingWindows
+from anemoi_profiler.profiling.windows import MAX_TABLED_WINDOWS, ProfilingWindows
 from anemoi_profiler.report_sections import ReportSection, format_value, plain_table
 from anemoi_profiler.run_files.layout import MEMORY_REPORT, TIME_REPORT, TRACES_DIR
 
@@ -210,6 +210,14 @@ def _overview(windows: ProfilingWindows, traces_note: str) -> tuple[ReportSectio
     if trace_mb:
         values["traces"] = (f"{format_value(trace_mb, 'MB')} in {TRACES_DIR}/, {traces_note}", "")
         metrics[names.profiler_summary("trace_mb")] = trace_mb
+    if windows.without_operator_rows:
+        shown = ", ".join(f"{stage} {window}" for stage, window in windows.without_operator_rows[:3])
+        more = f" and {len(windows.without_operator_rows) - 3} more" if len(windows.without_operator_rows) > 3 else ""
+        values["windows without operator tables"] = (
+            f"{shown}{more}: the time and memory reports cover a rank's first {MAX_TABLED_WINDOWS} windows; "
+            "every operator of the others is in their traces",
+            "",
+        )
     if windows.traces is not None and windows.traces.skipped:
         values["traces not written (too large)"] = (", ".join(windows.traces.skipped), "")
     if windows.step_memory is not None and windows.step_memory.measured:

@@ -6,7 +6,9 @@ The Lightning callback and component profiling both drive this.
 
 The operator rows are built when the reports ask for them, after training: `key_averages()` first turns
 every recorded event into a Python object, seconds of interpreter time for a large window, which would
-stall the training loop where the window closes. Until then a window keeps only torch's raw results.
+stall the training loop where the window closes. Until then a window keeps only torch's raw results, for the
+first `MAX_TABLED_WINDOWS` windows: later ones get no operator rows (their traces have every operator), so
+that neither a parse on the training thread nor the raw results of every window are the price of many.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from anemoi_profiler.profiling.traces import TraceWriter, rank_info
 from anemoi_profiler.profiling.window_summarizer import WindowSummaries
 from anemoi_profiler.run_files.layout import kernel_names_path, timeline_path
 
-MAX_UNPARSED_WINDOWS = 8
-"""Windows kept unparsed at most; beyond that (many repeats) the oldest is parsed when a new one closes."""
+MAX_TABLED_WINDOWS = 8
+"""Windows of a rank that get operator rows (time and memory reports); torch's raw results are kept until the
+fit's end for these only."""
 
 
 class ProfilingWindows:
@@ -56,6 +59,8 @@ class ProfilingWindows:
         # (stage, window, steps, torch's results, on torch 2.4 the window's events among them: first, end)
         self._unparsed: list[tuple[str, int, int, Any, tuple[int, int] | None]] = []
         self._events_before: dict[int, int] = {}  # on torch 2.4: events an object held before its latest window
+        self.without_operator_rows: list[tuple[str, int]] = []
+        """Finished windows past `MAX_TABLED_WINDOWS`: no operator rows."""
         self.completed: Counter[str] = Counter()
         self.timeline_path = timeline_path(run_dir, rank)
         self.timeline_seconds: float | None = None
@@ -114,9 +119,10 @@ class ProfilingWindows:
                 end = len(prof.profiler.function_events)
                 events = (self._events_before.get(id(prof.profiler), 0), end)
                 self._events_before[id(prof.profiler)] = end
-            self._unparsed.append((stage, window, steps, prof.profiler, events))
-            if len(self._unparsed) > MAX_UNPARSED_WINDOWS:
-                self._parse_oldest()
+            if len(self._unparsed) + len(self._tables) < MAX_TABLED_WINDOWS:
+                self._unparsed.append((stage, window, steps, prof.profiler, events))
+            else:
+                self.without_operator_rows.append((stage, window))
         if self.options.memory_timeline and self.step_memory is not None and not self._timeline_tried:
             self._timeline_tried = True
             self.timeline_seconds = export_memory_timeline(prof, self.timeline_path, self.device)
