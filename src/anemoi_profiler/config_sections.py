@@ -96,7 +96,9 @@ class WindowConfig:
     wait: int = _opt(5, "Batches idle at the start of each cycle.")
     warmup: int = _opt(2, "Batches traced but discarded before the active ones.")
     active: int = _opt(3, "Batches recorded per window.")
-    repeat: int = _opt(1, "Number of windows; 0 repeats until the stage ends.")
+    repeat: int = _opt(
+        1, "Number of windows; 0 repeats until the stage ends (operator tables: a rank's first 8 windows)."
+    )
 
 
 @dataclass
