@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from anemoi_profiler import names
 from anemoi_profiler.run_files.layout import run_folders
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -141,3 +142,24 @@ def trace_ranks(run_dir: Path) -> dict[str, list[int]]:
 
 def throughput_summary(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]
+
+
+def assert_each_interval_sums_the_two_ranks(tracking_uri: str, run_id: str, ranks_per_replica: int = 1) -> None:
+    """Each log interval's global batches/s is rank 0's plus rank 1's (over the ranks of a replica, which see the
+    same batches), read back as 1000 / each rank's step time: with two ranks `time/train/step_ms_min` and `_max`
+    are the ranks' own, logged at the interval's step. An exact identity, whatever the machine's load."""
+    client = MlflowClient(tracking_uri)
+
+    def by_step(name: str) -> dict[int, float]:
+        history = client.get_metric_history(run_id, name)
+        steps = [point.step for point in history]
+        return {point.step: point.value for point in history if steps.count(point.step) == 1}
+
+    rates = by_step(names.throughput("train", "batches_per_sec"))
+    fastest, slowest = by_step(names.timing("train", "step_ms_min")), by_step(names.timing("train", "step_ms_max"))
+    # An interval where one rank counted no steady batch (its own work's step) has min == max: one rank's figure.
+    both = [step for step in rates if step in fastest and step in slowest and fastest[step] != slowest[step]]
+    assert both, (rates, fastest, slowest)
+    for step in both:
+        expected = (1000 / fastest[step] + 1000 / slowest[step]) / ranks_per_replica
+        assert rates[step] == pytest.approx(expected, rel=1e-9), step

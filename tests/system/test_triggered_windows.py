@@ -33,6 +33,7 @@ from anemoi_profiler.run_files.layout import (
     spool_dirs,
     trace_path,
 )
+from anemoi_profiler.run_files.steps_file import PROFILED, read_steps
 from anemoi_profiler.tracking.spool import read_run_info
 from anemoi_profiler.triggers.requests import read_request
 from tests.helpers.jobs import (
@@ -311,6 +312,11 @@ def test_a_request_for_rank_1_of_a_ddp_job_is_recorded_there_alone(tmp_path: Pat
     (window,) = windows(run_dir)
     assert window["reason"] == "request" and window["ranks"] == [1] and window["steps"] == 2
     assert trace_ranks(run_dir) == {f"train/window_{window['window']}": [1]}
+    # Rank 0 waits for rank 1's window in each step's all-reduce: its warmup and recorded steps are not steady there.
+    flags = read_steps(run_dir)["train"].flags
+    flagged = [batch for batch, flag in enumerate(flags) if flag & PROFILED]
+    recorded = list(range(window["start_batch"], window["start_batch"] + window["steps"]))
+    assert flagged == list(range(flagged[0], recorded[-1] + 1)) and flagged[-len(recorded) :] == recorded, flagged
 
 
 def test_request_refuses_a_folder_that_is_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

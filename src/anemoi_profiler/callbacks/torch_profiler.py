@@ -8,6 +8,7 @@ first scheduled batch and stops after the last cycle.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from typing import Any
@@ -66,6 +67,7 @@ class TorchProfilerCallback(ProfilerCallback):
         self._windows: ProfilingWindows | None = None
         self._recorders: dict[str, WindowRecorder | None] = dict.fromkeys(STAGES)
         self._window_exchange: WindowExchange | None = None
+        self._peer_windows: list[tuple[int, float]] = []
 
     def on_session_start(self, trainer: Any, pl_module: Any) -> None:
         conflicting = _torch_based_profiler(trainer)
@@ -104,6 +106,12 @@ class TorchProfilerCallback(ProfilerCallback):
         scheduled = profiled and self._scheduled
         self._spans = {stage: (s.start, s.end) if scheduled else (0, 0) for stage, s in self._schedules.items()}
         self._scheduled_spans = dict(self._spans)
+        # Each training step's all-reduce makes every rank wait for the profiled ones: a rank outside
+        # `profiled_ranks` runs a peer's window at the window's pace, so it leaves those steps out too (one set of
+        # steady steps on every rank). Sorted (start, end) batch spans, dropped once passed.
+        train = self._schedules["train"]
+        peers = self._scheduled and not profiled and self.session.world_size > 1 and self.session.profiled_ranks
+        self._peer_windows = [(train.start, train.end)] if peers else []
         if self.session.is_global_zero:
             self.session.after_release(self._list_windows)
         self._publish_status()
@@ -131,6 +139,8 @@ class TorchProfilerCallback(ProfilerCallback):
         start, end = self._spans["train"]
         if start <= self._batches["train"] < end:
             self._begin_batch("train")
+        elif self._peer_windows:
+            self._in_peer_window(self._batches["train"])
 
     @guarded
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -211,6 +221,14 @@ class TorchProfilerCallback(ProfilerCallback):
         self._val_profiled = False
 
     # ---- windows ----
+    def _in_peer_window(self, batch: int) -> None:
+        """Flag the training step at `batch` when another rank records a window there (see `on_session_start`)."""
+        windows = self._peer_windows
+        while windows and batch >= windows[0][1]:
+            windows.pop(0)
+        if windows and windows[0][0] <= batch and self.session.stage_clock is not None:
+            self.session.stage_clock.steps.mark("train", PROFILED)
+
     def _begin_batch(self, stage: str) -> None:
         assert self._windows is not None
         index = self._batches[stage]
@@ -283,6 +301,7 @@ class TorchProfilerCallback(ProfilerCallback):
                 self._start_snapshot(plan)
         else:
             self._windows.number_next_window("train", plan.window + 1)
+            bisect.insort(self._peer_windows, (batch, batch + plan.warmup + plan.steps))
         if self.session.is_global_zero:  # listed now: a job that dies later still says why the window opened
             self._write_windows()
             if plan.request is not None and self.session.sink is not None:
