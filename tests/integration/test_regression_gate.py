@@ -182,7 +182,9 @@ def test_one_run_a_side_with_a_slow_start_is_never_slower(tmp_path: Path, capsys
     assert_one_language(out)
     verdict = out.splitlines()[0]
     assert verdict.startswith(("NOT SLOWER", "INCONCLUSIVE")), verdict
-    assert "NOT SLOWER" in verdict or "would settle it" in verdict or "within the runs' own noise" in verdict
+    # Inconclusive: the runs that would settle it, or, past the runs a user can make, the noise or drift to reduce.
+    advice = ("would settle it", "within the runs' own noise", "within the runs' own drift")
+    assert "NOT SLOWER" in verdict or any(phrase in verdict for phrase in advice), verdict
 
 
 def test_differences_that_move_step_time_are_listed_and_can_be_allowed(tmp_path: Path) -> None:
