@@ -112,8 +112,10 @@ def describe(error: BaseException) -> str:
         return "connection refused"
     if "Name or service not known" in text or "nodename nor servname" in text:
         return "unknown host"
-    if status := re.search(r"too many (\d+) error responses", text):
+    if status := re.search(r"too many (\d+) error responses", text):  # urllib3, once MLflow's retries ran out
         return f"HTTP {status[1]} on every request"
+    if status := re.search(r"failed with error code (\d+) != 200", text):  # MLflow, on the answer it got last
+        return f"HTTP {status[1]} from the server"
     if "timed out" in text:
         return "no answer (timed out)"
     first_line = (str(error).splitlines() or [""])[0]

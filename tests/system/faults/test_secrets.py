@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def test_error_messages_that_quote_the_url_lose_its_credentials(
         sink = TrackingSink(with_password(server.uri), "e", tmp_path / "run" / "spool" / "rank0")
         sink.log_metrics({"loss": 1.0}, step=1)
         sink.close("FINISHED", timeout_s=10)
-    assert "HTTP 500 on every request" in caplog.text
+    # the cause named, however MLflow gave up: urllib3's "too many 500 error responses" or MLflow's own
+    # "failed with error code 500 != 200" (both seen with MLFLOW_HTTP_REQUEST_MAX_RETRIES=0)
+    assert re.search(r"HTTP 500 (on every request|from the server)", caplog.text), caplog.text
     assert "alice:" not in caplog.text and not leaked_in(caplog.text)
     spool = tmp_path / "run" / "spool" / "rank0"
     assert {"run.json", "sender.json", "sender.log"} <= {path.name for path in spool.iterdir()}
