@@ -31,10 +31,10 @@ server="http://127.0.0.1:$port"
 server_pid=$!
 trap 'kill "$server_pid" 2>/dev/null || true' EXIT
 
-# name, then the overrides of that run
+# name, then the overrides of that run (the profiler is callback 1 of e2e.yaml, after the clock)
 runs=(
-    "simple|diagnostics.callbacks.0.preset=simple"
-    "detailed|diagnostics.callbacks.0.preset=detailed"
+    "simple|diagnostics.callbacks.1.preset=simple"
+    "detailed|diagnostics.callbacks.1.preset=detailed"
     # 2 CPU ranks in one model group of 2 (DDPGroupStrategy): the grid sharded, every sample on both ranks
     "model_group|system.hardware.num_gpus_per_node=2 system.hardware.num_gpus_per_model=2 training.max_epochs=2 dataloader.batch_size.training=1 dataloader.batch_size.validation=1"
     "online|diagnostics.log.mlflow.offline=False diagnostics.log.mlflow.tracking_uri=$server"
