@@ -35,9 +35,9 @@ FLAGS = {
     "epoch_start": EPOCH_START,
 }
 """What happened in a step: before `throughput.warmup_steps`; inside a torch.profiler window (in training, one on
-any rank: the others wait for it); the first step of a
-stage after another ran (training after validation, a validation run's first batch); a checkpoint was saved in it;
-the profiler's own work (trace export, snapshot dump) ran in it; the first step of a training epoch."""
+any rank: the others wait for it); the first step of a stage after another ran (training after validation, a
+validation run's first batch); a checkpoint was saved in it; the profiler's own work (trace export, snapshot dump)
+ran in it; the first step of a training epoch."""
 NOT_STEADY = WARMUP | PROFILED | AFTER_OTHER_STAGE | OWN_WORK | EPOCH_START
 """The flags that leave a step out of the steady figures (the headline, the gate's step times). A checkpoint is not
 among them: saving one is the training's own periodic work, seen as other callbacks' time, and a long save makes
