@@ -301,7 +301,10 @@ def test_a_request_for_rank_1_of_a_ddp_job_is_recorded_there_alone(tmp_path: Pat
     triggers += ["triggers.slow_rank=false", "triggers.memory=false"]
     job = start_job(job_command(*flags, *overrides, *triggers), tmp_path)
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not run_folders(output_dir) and time.monotonic() < deadline and job.poll() is None:
+    # a run folder takes requests once its config copy is written (the folder itself comes a moment before)
+    while not any((folder / CONFIG_FILE).exists() for folder in run_folders(output_dir)):
+        if time.monotonic() > deadline or job.poll() is not None:
+            break
         time.sleep(0.2)
     folders = run_folders(output_dir)
     answer = main(["request", str(folders[0]), "--steps=2", "--ranks=1", "--wait=60"]) if folders else None
