@@ -108,7 +108,7 @@ def test_unreachable_server_is_reported_once_with_the_replay_command(
     for step in range(20):
         started = time.perf_counter()
         sink.log_metrics({"m": 1.0}, step)
-        assert time.perf_counter() - started < 0.01  # the training thread only enqueues
+        assert time.perf_counter() - started < 0.1  # only enqueues: MLflow with retries takes seconds
         time.sleep(0.02)
     started = time.perf_counter()
     assert not sink.close("FINISHED", timeout_s=30)
