@@ -20,15 +20,13 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names
-from anemoi_profiler.callbacks.stage_callback import StageCallback
-from anemoi_profiler.clock import RankTotals
 from anemoi_profiler.reports.diagnosis import diagnose
 from anemoi_profiler.reports.epoch_starts import EPOCH_START_SHARE
 from anemoi_profiler.reports.run_data import load_run
 from anemoi_profiler.run_files.layout import run_folders
+from anemoi_profiler.run_files.steps_file import NOT_STEADY, read_steps
 from tests.helpers.jobs import FAST, MAX_STEPS, WARMUP_STEPS, job_command, only_run_folder, run_ok
 from tests.helpers.lightning_models import TinyRegressor, trainer
-from tests.system.test_distributed import rank_0_of_two
 
 WORKER_START_S = 0.3
 """How long each training DataLoader worker takes to start (its `worker_init_fn` sleeps)."""
@@ -57,8 +55,11 @@ class IndependentClock(pl.Callback):
     """Batches and epoch starts timed with the test's own `perf_counter`, listed after the profiler's callbacks."""
 
     def __init__(self) -> None:
-        self.cadence_s: list[float] = []
-        """Between `on_train_batch_end` of consecutive batches of the same epoch with no validation between."""
+        self.gaps: dict[int, float] = {}
+        """By batch (from 1): the time since the previous batch's `on_train_batch_end`, for batches after the warmup
+        (its steps pay one-off costs: the first `self.log`'s set-up took 0.3 s once) whose previous batch was of
+        the same epoch, no validation between."""
+        self._batches = 0
         self.epoch_start_s: dict[int, float] = {}
         """Per epoch: from its `on_train_epoch_start` to its first `on_train_batch_start`."""
         self._last_end: float | None = None
@@ -74,12 +75,27 @@ class IndependentClock(pl.Callback):
 
     def on_train_batch_end(self, *args: Any) -> None:
         now = time.perf_counter()
-        if self._last_end is not None:
-            self.cadence_s.append(now - self._last_end)
+        self._batches += 1
+        if self._last_end is not None and self._batches > WARMUP:
+            self.gaps[self._batches] = now - self._last_end
         self._last_end = now
+
+    @property
+    def cadence_s(self) -> list[float]:
+        return list(self.gaps.values())
 
     def on_validation_start(self, *args: Any) -> None:
         self._last_end = None
+
+
+class EpochEndWork(pl.Callback):
+    """Work at each epoch's end, as a checkpoint saved there: `on_train_epoch_end` sleeps `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_epoch_end(self, *args: Any) -> None:
+        time.sleep(self.seconds)
 
 
 def data(size: int, worker_init_fn: Any, persistent_workers: bool) -> DataLoader:
@@ -93,7 +109,9 @@ def data(size: int, worker_init_fn: Any, persistent_workers: bool) -> DataLoader
     )
 
 
-def fit(tmp_path: Path, persistent_workers: bool = False, validate: bool = False) -> tuple[Path, IndependentClock]:
+def fit(
+    tmp_path: Path, persistent_workers: bool = False, validate: bool = False, epoch_end_s: float = 0.0
+) -> tuple[Path, IndependentClock]:
     config = ProfilerConfig.load(
         None,
         [
@@ -110,7 +128,8 @@ def fit(tmp_path: Path, persistent_workers: bool = False, validate: bool = False
     train = data(BATCH * BATCHES_PER_EPOCH, slow_worker_start, persistent_workers)
     val = data(BATCH * 2, slow_val_worker_start, False) if validate else None
     options: dict[str, Any] = {"limit_val_batches": 2, "num_sanity_val_steps": 0} if validate else {}
-    trainer([*build_callbacks(config), clock], max_epochs=EPOCHS, **options).fit(
+    extra = [EpochEndWork(epoch_end_s)] if epoch_end_s else []
+    trainer([*build_callbacks(config), clock, *extra], max_epochs=EPOCHS, **options).fit(
         TinyRegressor(step_sleep_s=STEP_S), train, val
     )
     (run_dir,) = run_folders(tmp_path / "runs")
@@ -178,6 +197,32 @@ def test_persistent_workers_start_once_and_the_verdict_stays_quiet(tmp_path: Pat
     assert "epoch-start-bound" not in {verdict.id for verdict in diagnose(load_run(run_dir))}
 
 
+def test_work_at_an_epochs_end_is_in_no_steady_step(tmp_path: Path) -> None:
+    """0.3 s at each epoch's end (another callback's `on_train_epoch_end`, as a checkpoint saved there) is the
+    next epoch's first step's time, between two batch ends: left out with that step. Folded into the steady
+    intervals it would make the step time several times the cadence; it stays in the all-in time."""
+    run_dir, clock = fit(tmp_path, persistent_workers=True, epoch_end_s=WORKER_START_S)
+    figures = summary(run_dir)
+
+    # Each log interval's step time against the test's clock over that interval's steady steps: the intervals
+    # after an epoch's end read about 6x the cadence when its work stays in them.
+    step_ms = json.loads((run_dir / "metrics.json").read_text())[names.timing("train", "step_ms")]
+    flags = read_steps(run_dir)["train"].flags
+    previous = WARMUP
+    for step, value in zip(step_ms["step"], step_ms["value"], strict=True):
+        steady = [batch for batch in range(previous + 1, step + 1) if not flags[batch - 1] & NOT_STEADY]
+        own_ms = mean(clock.gaps[batch] for batch in steady) * 1000
+        assert value == pytest.approx(own_ms, rel=CADENCE_TOLERANCE), f"interval ending at step {step}"
+        previous = step
+    assert_steady_step_agrees_with_the_cadence(figures, clock)
+    samples = (
+        json.loads((run_dir / "report.json").read_text())["sections"]["Throughput"]["data"]["train/measured_batches"]
+        * BATCH
+    )
+    all_in_s = samples / figures["train/samples_per_sec_all_in"]
+    assert all_in_s > (EPOCHS - 1) * WORKER_START_S + figures["train/epoch_start_s"]
+
+
 def test_validation_between_epochs_is_not_counted_as_an_epoch_start(tmp_path: Path) -> None:
     """The validation DataLoader's workers start slowly too (0.5 s, before every validation): that time is
     validation's, outside the epoch starts. (The step time is not compared with the cadence here: Lightning
@@ -228,26 +273,3 @@ def test_two_ranks_restarting_their_workers_every_epoch(tmp_path: Path) -> None:
     assert "took" in throughput["note"] and "(the rank with the longest: the others wait for it)" in throughput["note"]
     (verdict,) = [v for v in diagnose(load_run(run_dir)) if v.id == "epoch-start-bound"]
     assert "persistent_workers=True" in verdict.next_step
-
-
-def test_the_longest_epoch_start_of_the_ranks_is_every_ranks(tmp_path: Path) -> None:
-    """Rank 1's workers took 0.5 s to start, rank 0's 0.2 s; rank 0 waited the difference in its first step's
-    gradient all-reduce. Both ranks' intervals lose it, and both count 0.5 s at the epoch start."""
-    callback = StageCallback(ProfilerConfig.load(None, [f"output_dir={tmp_path}", "throughput.warmup_steps=0"]))
-    rank_1 = RankTotals(batches=4.0, elapsed_s=0.6, epoch_start_s=0.5, epoch_starts=1.0)
-    trainer, _ = rank_0_of_two(callback, rank_1.to_list())
-    meter = callback.meters["train"]
-    meter._epoch_starts = [(9.8, 10.0)]
-    meter._segments = [(10.0, 10.9)]  # 0.3 s of it waiting for rank 1
-    for _ in range(4):
-        meter.count(0, 0)
-    trainer.global_step = 4
-    reported: list[tuple[list[float], list[RankTotals]]] = []
-    callback.on_log_interval = lambda report: reported.append(([s for _, s in report.intervals], report.ranks))
-    callback.clock.end_interval(trainer, "train")
-
-    ((interval_seconds, ranks),) = reported
-    assert interval_seconds == [pytest.approx(0.6)]
-    assert [(rank.elapsed_s, rank.epoch_start_s) for rank in ranks] == [pytest.approx((0.6, 0.5))] * 2
-    totals = callback.totals["train"]
-    assert (totals.elapsed_s, totals.epoch_start_s, totals.epoch_starts) == pytest.approx((0.6, 0.5, 1.0))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from anemoi_profiler import ProfilerConfig, ThroughputCallback, build_callbacks
+from anemoi_profiler import ProfilerConfig, ThroughputCallback, build_callbacks, names
 from anemoi_profiler.clock import batch_size_of
 from anemoi_profiler.measure.flops import dense_peak_flops
 from anemoi_profiler.run_files.layout import run_folders
@@ -83,8 +83,13 @@ def test_reported_rate_matches_an_independent_wall_clock_within_2_percent(tmp_pa
     )
     throughput = read_report(tmp_path)["sections"]["Throughput"]["data"]
     assert throughput["train/measured_batches"] == clock.batches - 5
-    truth = clock.samples_per_sec()
-    assert throughput["train/samples_per_sec"] == pytest.approx(truth, rel=0.02)
+    # The clock's definition is the all-in rate's: every batch after the warmup over every second of it, validation
+    # apart. (The steady headline, which sets slow stretches apart, is held to a clock over the same intervals in
+    # test_headline.py: under load the two definitions differ by more than 2 %.)
+    (folder,) = run_folders(tmp_path)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    all_in = metrics[names.all_in(names.throughput("train", "samples_per_sec"))]["value"][-1]
+    assert all_in == pytest.approx(clock.samples_per_sec(), rel=0.02)
     # the validation sleeps 20 ms a batch; had it leaked into training time the rate would drop by ~15%
     assert throughput["val/samples_per_sec"] < 8 / 0.02
 

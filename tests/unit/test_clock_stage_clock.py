@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from anemoi_profiler.clock import RankTotals
 from anemoi_profiler.run_files.steps_file import PROFILED, WARMUP
 from tests.helpers.clock_driver import ClockDriver, ManualTime
@@ -99,6 +101,30 @@ def test_epoch_starts_pause_the_training_clock(tmp_path: Path) -> None:
     assert (totals.left_out_batches, totals.left_out_s, totals.all_in_s) == (2, 1.0, 4.0)
 
 
+@pytest.mark.parametrize("validation", [False, True], ids=["no validation", "validation at the epoch's end"])
+def test_epoch_end_hooks_go_with_the_next_epochs_first_step(tmp_path: Path, validation: bool) -> None:
+    """Two epochs of 3 batches of 0.5 s (optionally a validation after the first); between them 1 s of epoch-end
+    hooks (a checkpoint saved at the epoch's end) and a 2 s epoch start. That 1 s is the next epoch's first step's
+    time, as a clock between batch ends reads it: left out with that step, never a steady step's. The interval of
+    6 batches holds 4 steady ones in 2 s = 500 ms; left out: the first after training starts (0.5 s) and the
+    second epoch's first (1 s + 0.5 s); all-in: 4 s of steps and hooks and the 2 s epoch start."""
+    driver = ClockDriver(tmp_path, "log_every_n_steps=6", "throughput.warmup_steps=0")
+    driver.clock.train_start()
+    driver.clock.train_epoch_start()
+    driver.train_batches(0.5, 0.5, 0.5)
+    if validation:
+        driver.validation(0.125, 0.125)
+    driver.time.advance(1.0)  # other callbacks' on_train_epoch_end, a checkpoint
+    driver.clock.train_epoch_start()
+    driver.time.advance(2.0)  # the DataLoader's workers start again
+    driver.train_batches(0.5, 0.5, 0.5)
+
+    assert ("train", 6, 4, 500.0) in driver.recorder.intervals
+    totals = driver.clock.totals["train"]
+    assert (totals.elapsed_s, totals.left_out_batches, totals.left_out_s) == (2.0, 2, 2.0)
+    assert (totals.epoch_start_s, totals.all_in_s) == (2.0, 6.0)
+
+
 def test_the_profilers_own_work_is_taken_out_of_the_interval(tmp_path: Path) -> None:
     """4 batches of 0.25 s and, after the second, a trace export of 0.5 s: the interval holds 1.5 s, of which 0.5 s
     own work. The step with the own work and the first after training starts are not steady (steps.json flags
@@ -162,6 +188,31 @@ def test_another_ranks_own_work_is_taken_out_of_every_rank(tmp_path: Path) -> No
     (ranks,) = driver.recorder.ranks
     assert ranks is not None
     assert [(rank.elapsed_s, rank.step_ms) for rank in ranks] == [(1.5, 500.0), (2.0, 500.0)]
+
+
+def test_another_ranks_longer_epoch_start_is_left_out_with_the_first_step_once(tmp_path: Path) -> None:
+    """Rank 1's second epoch start took 2 s, rank 0's none: rank 0 waited for it in that epoch's first all-reduce
+    (a 2.5 s step). Every rank leaves the epoch's first step out, the wait with it, and nothing more: 2 steady
+    batches of 0.5 s on each rank (500 ms); the longest epoch start (2 s) is every rank's."""
+    rank_1 = RankTotals(
+        batches=2, samples=16, elapsed_s=2.0, epoch_start_s=2.0, epoch_starts=2, left_out_batches=2, left_out_s=1.0
+    )
+    driver = ClockDriver(
+        tmp_path, "log_every_n_steps=4", "throughput.warmup_steps=0", exchange=OtherRankExchange(rank_1)
+    )
+    driver.clock.train_start()
+    driver.clock.train_epoch_start()
+    driver.train_batches(0.5, 0.5)
+    driver.clock.train_epoch_start()
+    driver.train_batches(2.5, 0.5)  # the first waited 2 s for rank 1
+
+    assert driver.recorder.intervals == [("train", 4, 2, 500.0)]
+    (ranks,) = driver.recorder.ranks
+    assert ranks is not None
+    assert [(rank.elapsed_s, rank.step_ms, rank.epoch_start_s) for rank in ranks] == [
+        (1.0, 500.0, 2.0),
+        (1.0, 500.0, 2.0),
+    ]
 
 
 def test_another_ranks_validation_own_work_stays_its_own(tmp_path: Path) -> None:

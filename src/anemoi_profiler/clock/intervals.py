@@ -58,7 +58,8 @@ class LeftOut:
     samples: int = 0
     items: int = 0
     seconds: float = 0.0
-    """Their host time, batch end to batch end, less the profiler's own work in them (taken out apart)."""
+    """Their host time, batch end to batch end, less validation, the epoch start and the profiler's own work in it
+    (each taken out apart)."""
 
 
 @dataclass
@@ -239,6 +240,9 @@ class StageMeter:
         self._own_work_at_open = 0.0
         self._opened_at = 0.0
         self._own_work_s = 0.0
+        self._run_s = 0.0
+        self._run_own_work_s = 0.0
+        self._run_own_work_at_open = 0.0
         self._open: Marker | None = None
         self.running = False
         """Whether an interval is open (between `start` and `stop`)."""
@@ -269,13 +273,14 @@ class StageMeter:
         if self._open is None:
             self._open = self._mark()
             self.running = True
-            self._own_work_at_open = self._own_work()
+            self._own_work_at_open = self._run_own_work_at_open = self._own_work()
             self._opened_at = self._now()
             if self.first_started_at is None:
                 self.first_started_at = self._opened_at
 
     def stop(self) -> None:
         if self._open is not None:
+            self._run_s, self._run_own_work_s = self.reading()
             self._segments.append((self._open, self._mark()))
             self._open = None
             self.running = False
@@ -310,20 +315,30 @@ class StageMeter:
         self._samples += samples
         self._items += items
 
-    def leave_out(self, samples: int, items: int, since: float, own_work_since: float) -> None:
-        """The step that just ended (host time `since` its start, the profiler's own work total then
-        `own_work_since`) is not steady: its batch is not counted and its time, less the own work in it (taken out
-        apart), is left out of the interval's. On CUDA a host duration, as the own work is."""
+    def reading(self) -> tuple[float, float]:
+        """(host seconds this meter has run, the profiler's own work in them), both summed since it was made: two
+        readings bound the measured time between them, whatever stops and pauses lay in between."""
+        if self._open is None:
+            return self._run_s, self._run_own_work_s
+        return (
+            self._run_s + self._now() - self._opened_at,
+            self._run_own_work_s + self._own_work() - self._run_own_work_at_open,
+        )
+
+    def leave_out(self, samples: int, items: int, since: tuple[float, float]) -> None:
+        """The step that just ended is not steady: its batch is not counted and its time, the measured time since
+        `since` (the `reading()` at the previous batch's end) less the own work in it (taken out apart), is left
+        out of the interval's. That is all of the step's time but validation and the epoch start: epoch-end hooks
+        and a checkpoint saved at the epoch's end go with the next epoch's first step. On CUDA a host duration, as
+        the own work is."""
         left = self.left_out
         left.batches += 1
         left.samples += samples
         left.items += items
         if self._open is None:
             return
-        if since < self._opened_at:  # the interval opened within the step (after validation, an epoch start)
-            since, own_work_since = self._opened_at, self._own_work_at_open
-        own_work = self._own_work() - own_work_since
-        left.seconds += max(0.0, self._now() - since - own_work)
+        run_s, own_work_s = self.reading()
+        left.seconds += max(0.0, (run_s - since[0]) - (own_work_s - since[1]))
 
     @property
     def counted(self) -> int:

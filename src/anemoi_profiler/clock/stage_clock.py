@@ -101,7 +101,8 @@ class StageClock:
         self._train = self.meters["train"]  # read every batch
         self.train_batches_seen = 0
         self.last_train_batch_end = 0.0
-        self._own_work_at_batch_end = 0.0
+        self._train_reading_at_batch_end = (0.0, 0.0)
+        """The training meter's `reading()` at the last batch's end: where a step left out begins."""
         self.left_out_steps = 0
         """Training steps after the warmup left out of the steady figures so far (`StageMeter.leave_out`): a
         sampler that sees it change knows that its interval held one."""
@@ -159,9 +160,9 @@ class StageClock:
         self.gaps.batch_started()
 
     def train_batch_end(self, trainer: TrainerLike, batch: Any) -> None:
-        step_started, own_work_then = self.last_train_batch_end, self._own_work_at_batch_end
+        step_started = self._train_reading_at_batch_end
         self.last_train_batch_end = now = self._now()
-        self._own_work_at_batch_end = self._own_work.total_s
+        self._train_reading_at_batch_end = self._train.reading()
         flags = self.steps.train_step_ended(now)
         self.train_batches_seen += 1
         if self.train_batches_seen == 1 and self.flops is not None:
@@ -174,7 +175,7 @@ class StageClock:
             samples, items = counter.count(batch) if counter is not None else (0, 0)
             if flags & NOT_STEADY:  # out of the steady figures, in the all-in ones
                 self.gaps.batch_ended("train", None, sample_next_gap=False)
-                meter.leave_out(samples, items, step_started, own_work_then)
+                meter.leave_out(samples, items, step_started)
                 self.left_out_steps += 1
             else:
                 self.gaps.batch_ended("train", meter.gap, sample_next_gap=meter.batches == 0)
@@ -264,13 +265,13 @@ class StageClock:
         ranks, controls = gathered if gathered is not None else (None, None)
         if ranks and stage == "train":
             # The gradient all-reduce makes the ranks wait for each other every step: the slowest rank's own work
-            # is in every rank's time, and so is the longest epoch start (the others wait for it in the epoch's
-            # first step): every rank's epoch start.
+            # is in every rank's time. So is the longest epoch start, every rank's epoch start: the others wait for
+            # it in the epoch's first step, which every rank leaves out (its time is in `left_out_s`).
             own_work_s = max(rank.own_work_s for rank in ranks)
             epoch_start_s = max(rank.epoch_start_s for rank in ranks)
-            intervals = _without_own_work(taken, own_work_s + epoch_start_s - local.epoch_start_s)
+            intervals = _without_own_work(taken, own_work_s)
             for totals in (local, *ranks):
-                totals.elapsed_s -= own_work_s + epoch_start_s - totals.epoch_start_s + totals.left_out_s
+                totals.elapsed_s -= own_work_s + totals.left_out_s
                 totals.epoch_start_s = epoch_start_s
         else:
             # Validation steps have no collective, so no rank waits for another's work (nor does a rank alone):
@@ -338,8 +339,7 @@ def _without_own_work(taken: list[tuple[LogInterval, float]], own_work_s: float)
     no measurable time or had no steady step.
 
     `own_work_s` is at least the intervals' own work, taken out interval by interval; in training, what other
-    ranks' work and longer epoch starts added (all ranks wait for the slowest) is spread over the intervals by their
-    length.
+    ranks' own work added (all ranks wait for the slowest) is spread over the intervals by their length.
     """
     own = sum(interval.own_work_s for interval, _ in taken)
     measured = sum(seconds for _, seconds in taken)
