@@ -19,6 +19,7 @@ import torch
 
 from anemoi_profiler import ProfilerConfig, build_callbacks, names, wait_for_mlflow
 from anemoi_profiler.cli.main import main
+from anemoi_profiler.cli.request_command import CONFIG_WAIT_S
 from anemoi_profiler.profiling.traces import read_trace
 from anemoi_profiler.reports.description import run_description
 from anemoi_profiler.reports.diagnosis import assess
@@ -301,8 +302,8 @@ def test_a_request_for_rank_1_of_a_ddp_job_is_recorded_there_alone(tmp_path: Pat
     triggers += ["triggers.slow_rank=false", "triggers.memory=false"]
     job = start_job(job_command(*flags, *overrides, *triggers), tmp_path)
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    # a run folder takes requests once its config copy is written (the folder itself comes a moment before)
-    while not any((folder / CONFIG_FILE).exists() for folder in run_folders(output_dir)):
+    # as soon as the run folder appears: `request` waits the moment until its config copy is written
+    while not run_folders(output_dir):
         if time.monotonic() > deadline or job.poll() is not None:
             break
         time.sleep(0.2)
@@ -325,6 +326,26 @@ def test_a_request_for_rank_1_of_a_ddp_job_is_recorded_there_alone(tmp_path: Pat
 def test_request_refuses_a_folder_that_is_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["request", str(tmp_path)]) == 1
     assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_request_waits_for_a_new_run_folders_config_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder named as a run folder gets its config copy a moment after it appears: `request` waits for it (up
+    to `CONFIG_WAIT_S`), and refuses one that never gets it."""
+    run_dir = tmp_path / "20261207-120000_0123abcd"
+    run_dir.mkdir()
+    writer = threading.Timer(0.5, (run_dir / CONFIG_FILE).write_text, args=("{}\n",))
+    writer.start()
+    assert main(["request", str(run_dir), "--steps=2"]) == 0
+    writer.join()
+    assert read_request(run_dir).steps == 2
+
+    empty = tmp_path / "20261207-120001_0123abcd"
+    empty.mkdir()
+    started = time.monotonic()
+    assert main(["request", str(empty)]) == 1
+    assert time.monotonic() - started >= CONFIG_WAIT_S
+    assert f"{empty} is not a run folder (no {CONFIG_FILE})" in capsys.readouterr().err
+    assert not (empty / REQUEST_FILE).exists()
 
 
 @pytest.mark.slow

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from anemoi_profiler.logs import PREFIX
-from anemoi_profiler.run_files.layout import CONFIG_FILE, ENVIRONMENT_FILE, REQUEST_FILE, WINDOWS_FILE
+from anemoi_profiler.run_files.layout import (
+    CONFIG_FILE,
+    ENVIRONMENT_FILE,
+    REQUEST_FILE,
+    WINDOWS_FILE,
+    has_run_folder_name,
+)
 from anemoi_profiler.triggers.requests import (
     REQUEST_TAG,
     SERVED_TAG,
@@ -30,6 +36,8 @@ from anemoi_profiler.triggers.requests import (
     write_request,
 )
 
+CONFIG_WAIT_S = 5.0
+"""How long a new run folder may stay without its config copy before `request` refuses it."""
 NAME = "request"
 HELP = "ask a running job for a profiling window (needs triggers.enabled in its config)"
 DESCRIPTION = (
@@ -57,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     run_dir = Path(args.target)
     if run_dir.is_dir():
-        if not (run_dir / CONFIG_FILE).is_file():
+        if not _config_written(run_dir):
             print(f"{PREFIX}{run_dir} is not a run folder (no {CONFIG_FILE})", file=sys.stderr)
             return 1
         world_size = _world_size(run_dir)
@@ -101,6 +109,17 @@ def _ranks(text: str) -> list[int]:
         return [int(rank) for rank in text.split(",") if rank.strip()]
     except ValueError:
         raise ValueError(f"--ranks: got {text!r}, expected global ranks such as 0,3") from None
+
+
+def _config_written(run_dir: Path) -> bool:
+    """Whether `run_dir` has its config copy. A folder named as a run folder gets it a moment after it appears
+    (on a shared filesystem, maybe seconds later on another node): wait up to `CONFIG_WAIT_S` for it."""
+    deadline = time.monotonic() + (CONFIG_WAIT_S if has_run_folder_name(run_dir) else 0.0)
+    while not (run_dir / CONFIG_FILE).is_file():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _world_size(run_dir: Path) -> int | None:

@@ -92,6 +92,11 @@ REPORT_INPUTS = (
 _RUN_FOLDER_NAME = re.compile(r"^\d{8}-\d{6}_[0-9a-f]{8}(-\d+)?$")
 
 
+def has_run_folder_name(path: Path) -> bool:
+    """Whether `path` is named as `create_run_folder` names run folders."""
+    return bool(_RUN_FOLDER_NAME.match(path.name))
+
+
 def trace_path(run_dir: Path, stage: str, window: int, rank: int) -> Path:
     return window_dir(run_dir, stage, window) / f"rank{rank}{TRACE_SUFFIX}"
 
@@ -188,7 +193,7 @@ def create_run_folder(output_dir: Path, fingerprint: str) -> Path:
 def run_folders(output_dir: Path) -> list[Path]:
     """The run folders below `output_dir`, oldest first: by the time in their names, then, for runs started
     in the same second (a `validate()` right after a short fit), by when their config copy was written."""
-    folders = [p for p in Path(output_dir).iterdir() if p.is_dir() and _RUN_FOLDER_NAME.match(p.name)]
+    folders = [p for p in Path(output_dir).iterdir() if p.is_dir() and has_run_folder_name(p)]
     return sorted(folders, key=lambda folder: (folder.name[:15], _written_ns(folder / CONFIG_FILE), folder.name))
 
 
