@@ -219,4 +219,7 @@ def test_the_profilers_own_export_work_is_not_counted_as_training_time(
         rates[profiled] = report["Throughput"]["data"]["train/samples_per_sec"]
         # 38 measured batches of ~20 ms: one second of export counted as waiting would add ~26 ms a batch
         assert report["Step time and memory"]["data"]["train/dataloader_wait_ms"] < 5
-    assert rates[True] == pytest.approx(rates[False], rel=0.15)
+        if profiled:  # the all-in rate counts the export's second; the headline, of the same run, does not
+            assert rates[True] > 1.5 * report["Throughput"]["data"]["train/samples_per_sec_all_in"]
+    # Two fits one after the other, which the machine's load may move apart; the export counted would read ~55 % slower.
+    assert rates[True] == pytest.approx(rates[False], rel=0.3)
